@@ -1,0 +1,76 @@
+"""Load the components of a diffusers SD 1.x folder: the tiny model or a user's checkpoint.
+
+Only safetensors weights are accepted (no pickle): ``from_pretrained`` is called with
+``use_safetensors=True``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from facefuse.errors import ModelLoadError
+
+TINY_NAME = "tiny"
+REQUIRED = ("unet", "vae", "text_encoder", "tokenizer", "scheduler")
+
+
+@dataclass
+class Components:
+    """PyTorch components of one model, in eval mode, fp32 on CPU."""
+
+    path: Path
+    text_encoder: object
+    unet: object
+    vae: object
+    tokenizer: object
+    scheduler_config: dict
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    @property
+    def image_size(self) -> int:
+        """Pixel side of the square the UNet was trained at (512 for SD 1.5)."""
+        return self.unet.config.sample_size * self.vae_scale_factor
+
+
+def resolve_model(model: str | Path, cache_dir: str | Path = ".cache/models") -> Path:
+    """``"tiny"`` builds (once) and returns the seeded tiny model folder; a path is checked."""
+    if str(model) == TINY_NAME:
+        from facefuse.models.tiny import save_model
+
+        folder = Path(cache_dir) / "tiny"
+        if not (folder / "model_index.json").exists():
+            save_model(folder)
+        return folder
+    folder = Path(model)
+    missing = [name for name in REQUIRED if not (folder / name).is_dir()]
+    if missing:
+        raise ModelLoadError(
+            f"--model {folder}: expected a diffusers SD 1.x folder with subfolders "
+            f"{', '.join(REQUIRED)}; missing {', '.join(missing)}"
+        )
+    return folder
+
+
+def load_components(model: str | Path) -> Components:
+    """Load every component of ``model`` (``"tiny"`` or a diffusers folder) in fp32 eval mode."""
+    import json
+
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    from facefuse.prompt.tokenizer import load_tokenizer
+
+    folder = resolve_model(model)
+    kwargs = {"use_safetensors": True}
+    return Components(
+        path=folder,
+        text_encoder=CLIPTextModel.from_pretrained(folder / "text_encoder", **kwargs).eval(),
+        unet=UNet2DConditionModel.from_pretrained(folder / "unet", **kwargs).eval(),
+        vae=AutoencoderKL.from_pretrained(folder / "vae", **kwargs).eval(),
+        tokenizer=load_tokenizer(folder),
+        scheduler_config=json.loads((folder / "scheduler" / "scheduler_config.json").read_text()),
+    )

@@ -1,0 +1,1 @@
+"""Prompts: the real CLIP tokenizer, token accounting and prompt compression."""
