@@ -1,0 +1,58 @@
+"""Names of the custom Prometheus metrics that facefuse's Triton models export.
+
+One list, so that the Grafana dashboard, the alert rules and the tests that scrape a real
+``/metrics`` endpoint agree with the models. Triton's own metrics (``nv_inference_*``) are
+listed in ``TRITON_METRICS``.
+"""
+
+# text_encoder: exact prefix-KV cache
+PREFIX_CACHE_REQUESTS = "facefuse_prefix_cache_requests_total"  # counter: prompts looked up
+PREFIX_CACHE_HITS = "facefuse_prefix_cache_hits_total"  # counter: prompts with a cached prefix
+PREFIX_CACHE_FULL_HITS = "facefuse_prefix_cache_full_hits_total"  # counter: exact repeats
+PREFIX_CACHE_HIT_TOKENS = "facefuse_prefix_cache_hit_tokens_total"  # counter: tokens reused
+PREFIX_CACHE_BYTES = "facefuse_prefix_cache_bytes"  # gauge: bytes held
+PREFIX_CACHE_EVICTIONS = "facefuse_prefix_cache_evictions_total"  # counter
+PREFIX_CACHE_REBUILDS = "facefuse_prefix_cache_rebuilds_total"  # counter
+PREFIX_CACHE_HIT_RATE = "facefuse_prefix_cache_hit_rate"  # gauge: sliding-window hit rate
+
+# prompt_optimizer
+PROMPT_TOKENS_BEFORE = "facefuse_prompt_tokens_before_total"  # counter: CLIP tokens received
+PROMPT_TOKENS_AFTER = "facefuse_prompt_tokens_after_total"  # counter: CLIP tokens sent on
+
+# unet: real batching inside the Python model
+UNET_FORWARDS = "facefuse_unet_forwards_total"  # counter: ONNX forwards run
+UNET_SAMPLES = "facefuse_unet_samples_total"  # counter: samples (rows) in those forwards
+UNET_REQUESTS = "facefuse_unet_requests_total"  # counter: Triton requests served
+
+# facefusion / txt2img
+PIPELINE_REQUESTS = "facefuse_pipeline_requests_total"  # counter, labels: model, variant, outcome
+PIPELINE_FALLBACKS = "facefuse_precision_fallbacks_total"  # counter: switches to FP32
+
+CUSTOM_METRICS = (
+    PREFIX_CACHE_REQUESTS,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_FULL_HITS,
+    PREFIX_CACHE_HIT_TOKENS,
+    PREFIX_CACHE_BYTES,
+    PREFIX_CACHE_EVICTIONS,
+    PREFIX_CACHE_REBUILDS,
+    PREFIX_CACHE_HIT_RATE,
+    PROMPT_TOKENS_BEFORE,
+    PROMPT_TOKENS_AFTER,
+    UNET_FORWARDS,
+    UNET_SAMPLES,
+    UNET_REQUESTS,
+    PIPELINE_REQUESTS,
+    PIPELINE_FALLBACKS,
+)
+
+TRITON_METRICS = (
+    "nv_inference_request_success",
+    "nv_inference_request_failure",
+    "nv_inference_count",
+    "nv_inference_exec_count",
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_pending_request_count",
+)
