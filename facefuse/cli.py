@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "facefuse.prompt.commands",  # prompt, prompt-eval
     "facefuse.bench",  # bench ...
     "facefuse.quality.commands",  # quality
+    "facefuse.face.commands",  # face-eval
 )
 
 

@@ -34,7 +34,7 @@ class ModelLoadError(FacefuseError, RuntimeError):
 
 # Prefix that BLS callers look for: inside BLS every callee error arrives as INTERNAL,
 # so a callee marks user errors with this tag and the caller re-raises them as InvalidInput.
-INVALID_TAG = "[invalid-input] "
+INVALID_TAG = "invalid input: "
 
 
 def tag_invalid(message: str) -> str:

@@ -64,7 +64,9 @@ def check_params(
 ) -> GenerationParams:
     """Validate sampling parameters; raise InvalidInput naming the first wrong field."""
     if not (limits.min_steps <= int(steps) <= limits.max_steps):
-        raise InvalidInput("STEPS", f"must be in {limits.min_steps}..{limits.max_steps}, got {steps}")
+        raise InvalidInput(
+            "STEPS", f"must be in {limits.min_steps}..{limits.max_steps}, got {steps}"
+        )
     strength = _finite("STRENGTH", strength)
     if not (limits.min_strength <= strength <= limits.max_strength):
         raise InvalidInput(
@@ -80,7 +82,9 @@ def check_params(
     return GenerationParams(int(steps), strength, guidance, int(seed))
 
 
-def check_instruction(text: str, field: str = "INSTRUCTION", limits: Limits = DEFAULT_LIMITS) -> str:
+def check_instruction(
+    text: str, field: str = "INSTRUCTION", limits: Limits = DEFAULT_LIMITS
+) -> str:
     """Return the stripped instruction; refuse empty, over-long or control-character text."""
     if not isinstance(text, str):
         raise InvalidInput(field, "must be UTF-8 text")
@@ -94,6 +98,3 @@ def check_instruction(text: str, field: str = "INSTRUCTION", limits: Limits = DE
     if any(ord(c) < 32 and c not in "\t\n\r" for c in stripped):
         raise InvalidInput(field, "must not contain control characters")
     return stripped
-
-
-

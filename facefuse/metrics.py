@@ -19,10 +19,10 @@ PREFIX_CACHE_HIT_RATE = "facefuse_prefix_cache_hit_rate"  # gauge: sliding-windo
 PROMPT_TOKENS_BEFORE = "facefuse_prompt_tokens_before_total"  # counter: CLIP tokens received
 PROMPT_TOKENS_AFTER = "facefuse_prompt_tokens_after_total"  # counter: CLIP tokens sent on
 
-# unet: real batching inside the Python model
-UNET_FORWARDS = "facefuse_unet_forwards_total"  # counter: ONNX forwards run
-UNET_SAMPLES = "facefuse_unet_samples_total"  # counter: samples (rows) in those forwards
-UNET_REQUESTS = "facefuse_unet_requests_total"  # counter: Triton requests served
+# unet, vae_encoder, vae_decoder: real batching inside the Python model (label: model)
+ONNX_FORWARDS = "facefuse_onnx_forwards_total"  # counter: ONNX forwards run
+ONNX_SAMPLES = "facefuse_onnx_samples_total"  # counter: samples (rows) in those forwards
+ONNX_REQUESTS = "facefuse_onnx_requests_total"  # counter: Triton requests served
 
 # facefusion / txt2img
 PIPELINE_REQUESTS = "facefuse_pipeline_requests_total"  # counter, labels: model, variant, outcome
@@ -39,9 +39,9 @@ CUSTOM_METRICS = (
     PREFIX_CACHE_HIT_RATE,
     PROMPT_TOKENS_BEFORE,
     PROMPT_TOKENS_AFTER,
-    UNET_FORWARDS,
-    UNET_SAMPLES,
-    UNET_REQUESTS,
+    ONNX_FORWARDS,
+    ONNX_SAMPLES,
+    ONNX_REQUESTS,
     PIPELINE_REQUESTS,
     PIPELINE_FALLBACKS,
 )

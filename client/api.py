@@ -1,0 +1,211 @@
+"""Python client for a facefuse Triton deployment (tritonclient, gRPC or HTTP, sync and async).
+
+Inputs are checked against the same :mod:`facefuse.limits` the server enforces before any
+bytes are sent; server errors surface as :class:`ClientError` with one clear line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from facefuse.errors import FacefuseError, InvalidInput
+from facefuse.limits import DEFAULT_LIMITS, check_instruction, check_params
+
+PROTOCOLS = ("grpc", "http")
+DEFAULT_URLS = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
+ImageLike = bytes | str | Path
+
+
+class ClientError(FacefuseError):
+    """The server refused or failed a request; ``status`` is the HTTP/gRPC status text."""
+
+    def __init__(self, message: str, status: str | None = None):
+        self.status = status
+        super().__init__(message if status is None else f"{message} ({status})")
+
+
+@dataclass
+class Result:
+    """A generated image (PNG bytes) and the server's INFO JSON."""
+
+    png: bytes
+    info: dict
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.png)
+        return path
+
+
+def read_image(image: ImageLike, field: str) -> bytes:
+    """Image bytes from bytes or a file path, within the byte limit."""
+    if isinstance(image, (str, Path)):
+        path = Path(image)
+        if not path.is_file():
+            raise InvalidInput(field, f"file not found: {path}")
+        image = path.read_bytes()
+    if not isinstance(image, bytes) or not image:
+        raise InvalidInput(field, "must be non-empty image bytes or a file path")
+    if len(image) > DEFAULT_LIMITS.max_image_bytes:
+        raise InvalidInput(field, f"must be at most {DEFAULT_LIMITS.max_image_bytes} bytes")
+    return image
+
+
+def _optional_params(steps, strength, guidance, seed) -> dict[str, tuple[np.ndarray, str]]:
+    """Validate what is given (with server defaults for the rest) and build the tensors."""
+    check_params(
+        20 if steps is None else steps,
+        0.5 if strength is None else strength,
+        7.5 if guidance is None else guidance,
+        0 if seed is None else seed,
+    )
+    values = {
+        "STEPS": (steps, np.int32, "INT32"),
+        "STRENGTH": (strength, np.float32, "FP32"),
+        "GUIDANCE": (guidance, np.float32, "FP32"),
+        "SEED": (seed, np.int64, "INT64"),
+    }
+    return {
+        name: (np.array([value], dtype=dtype), triton_type)
+        for name, (value, dtype, triton_type) in values.items()
+        if value is not None
+    }
+
+
+def fusion_inputs(source, target, instruction, steps=None, strength=None, guidance=None, seed=None):
+    """name -> (array, Triton dtype) for a ``facefusion`` request, validated client-side."""
+    tensors = {
+        "SOURCE_IMAGE": (np.array([read_image(source, "SOURCE_IMAGE")], dtype=object), "BYTES"),
+        "TARGET_IMAGE": (np.array([read_image(target, "TARGET_IMAGE")], dtype=object), "BYTES"),
+        "INSTRUCTION": (np.array([check_instruction(instruction).encode()], dtype=object), "BYTES"),
+    }
+    tensors.update(_optional_params(steps, strength, guidance, seed))
+    return tensors
+
+
+def txt2img_inputs(prompt, steps=None, guidance=None, seed=None):
+    tensors = {
+        "PROMPT": (np.array([check_instruction(prompt, "PROMPT").encode()], dtype=object), "BYTES")
+    }
+    tensors.update(_optional_params(steps, None, guidance, seed))
+    return tensors
+
+
+def _module(protocol: str, aio: bool = False):
+    if protocol not in PROTOCOLS:
+        raise InvalidInput("protocol", f"must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    if protocol == "grpc":
+        import tritonclient.grpc as grpc_module
+        import tritonclient.grpc.aio as grpc_aio
+
+        return grpc_aio if aio else grpc_module
+    import tritonclient.http as http_module
+    import tritonclient.http.aio as http_aio
+
+    return http_aio if aio else http_module
+
+
+def _build(module, tensors: dict):
+    inputs = []
+    for name, (array, triton_type) in tensors.items():
+        tensor = module.InferInput(name, list(array.shape), triton_type)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    outputs = [module.InferRequestedOutput(n) for n in ("IMAGE", "INFO")]
+    return inputs, outputs
+
+
+def _result(response) -> Result:
+    png = response.as_numpy("IMAGE").reshape(-1)[0]
+    info = json.loads(response.as_numpy("INFO").reshape(-1)[0])
+    return Result(png=png, info=info)
+
+
+def _client_error(exc: Exception) -> ClientError:
+    status = getattr(exc, "status", lambda: None)()
+    message = getattr(exc, "message", lambda: str(exc))() or str(exc)
+    return ClientError(str(message).strip().splitlines()[0], str(status) if status else None)
+
+
+class Client:
+    """Synchronous client. ``protocol`` is "grpc" (default) or "http"."""
+
+    def __init__(self, url: str | None = None, protocol: str = "grpc", timeout_s: float = 600.0):
+        self.protocol = protocol
+        self.module = _module(protocol)
+        self.url = url or DEFAULT_URLS[protocol]
+        self.timeout_s = timeout_s
+        if protocol == "http":
+            self._client = self.module.InferenceServerClient(
+                self.url, connection_timeout=timeout_s, network_timeout=timeout_s
+            )
+        else:
+            self._client = self.module.InferenceServerClient(self.url)
+
+    def _infer(self, model: str, tensors: dict, headers: dict | None = None) -> Result:
+        inputs, outputs = _build(self.module, tensors)
+        kwargs = {"headers": headers}
+        if self.protocol == "grpc":
+            kwargs["client_timeout"] = self.timeout_s
+        try:
+            return _result(self._client.infer(model, inputs, outputs=outputs, **kwargs))
+        except (
+            Exception
+        ) as exc:  # tritonclient raises InferenceServerException and transport errors
+            raise _client_error(exc) from exc
+
+    def fuse(self, source: ImageLike, target: ImageLike, instruction: str, **params) -> Result:
+        """Fuse ``source``'s face into ``target``; params: steps, strength, guidance, seed."""
+        return self._infer("facefusion", fusion_inputs(source, target, instruction, **params))
+
+    def txt2img(self, prompt: str, **params) -> Result:
+        """Generate a portrait; params: steps, guidance, seed."""
+        return self._infer("txt2img", txt2img_inputs(prompt, **params))
+
+    def is_ready(self) -> bool:
+        try:
+            return bool(self._client.is_server_ready())
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """asyncio client over tritonclient's aio modules; same API as :class:`Client`, awaited."""
+
+    def __init__(self, url: str | None = None, protocol: str = "grpc"):
+        self.protocol = protocol
+        self.module = _module(protocol, aio=True)
+        self.url = url or DEFAULT_URLS[protocol]
+        self._client = self.module.InferenceServerClient(self.url)
+
+    async def _infer(self, model: str, tensors: dict) -> Result:
+        inputs, outputs = _build(self.module, tensors)
+        try:
+            return _result(await self._client.infer(model, inputs, outputs=outputs))
+        except Exception as exc:
+            raise _client_error(exc) from exc
+
+    async def fuse(
+        self, source: ImageLike, target: ImageLike, instruction: str, **params
+    ) -> Result:
+        return await self._infer("facefusion", fusion_inputs(source, target, instruction, **params))
+
+    async def txt2img(self, prompt: str, **params) -> Result:
+        return await self._infer("txt2img", txt2img_inputs(prompt, **params))
+
+    async def close(self) -> None:
+        await self._client.close()

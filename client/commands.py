@@ -1,0 +1,102 @@
+"""``facefuse fuse`` and ``facefuse txt2img``: call a running deployment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from facefuse.client.api import DEFAULT_URLS, PROTOCOLS
+
+
+def _common(parser: argparse.ArgumentParser, with_strength: bool) -> None:
+    parser.add_argument("-o", "--output", type=Path, required=True, help="where to write the PNG")
+    parser.add_argument(
+        "--protocol", choices=PROTOCOLS, default="grpc", help="gRPC (default) or HTTP"
+    )
+    parser.add_argument(
+        "--url",
+        default=None,
+        help=f"server address host:port (default {DEFAULT_URLS['grpc']} for gRPC, "
+        f"{DEFAULT_URLS['http']} for HTTP)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="denoising steps, 1..100 (server default 20)"
+    )
+    if with_strength:
+        parser.add_argument(
+            "--strength",
+            type=float,
+            default=None,
+            help="how much of the face region is re-generated, 0.05..1 (server default 0.5)",
+        )
+    parser.add_argument(
+        "--guidance",
+        type=float,
+        default=None,
+        help="classifier-free guidance scale, 1..30 (default 7.5)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, help="random seed; same seed, same image (default 0)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="request timeout in seconds (default 600)"
+    )
+    parser.add_argument("--info", action="store_true", help="print the server's INFO JSON")
+
+
+def register(subparsers) -> None:
+    fuse = subparsers.add_parser(
+        "fuse",
+        help="fuse the face of a source photo into a target image",
+        description="Send SOURCE's face, TARGET and an instruction to the facefusion model and "
+        "write the fused PNG (TARGET's size). Errors print one line and exit non-zero.",
+    )
+    fuse.add_argument("--source", type=Path, required=True, help="photo with the face to use (A)")
+    fuse.add_argument("--target", type=Path, required=True, help="image to put the face into (B)")
+    fuse.add_argument(
+        "--instruction", required=True, help='what to do, e.g. "make him smile, keep the glasses"'
+    )
+    _common(fuse, with_strength=True)
+    fuse.set_defaults(func=run_fuse)
+    txt = subparsers.add_parser(
+        "txt2img",
+        help="generate a portrait from a prompt",
+        description="Send a prompt to the txt2img model and write the PNG.",
+    )
+    txt.add_argument("--prompt", required=True, help="the portrait description")
+    _common(txt, with_strength=False)
+    txt.set_defaults(func=run_txt2img)
+
+
+def _params(args, with_strength: bool) -> dict:
+    params = {"steps": args.steps, "guidance": args.guidance, "seed": args.seed}
+    if with_strength:
+        params["strength"] = args.strength
+    return params
+
+
+def _finish(args, result) -> int:
+    path = result.save(args.output)
+    print(f"wrote {path} ({len(result.png)} bytes)")
+    if args.info:
+        print(json.dumps(result.info, indent=2, sort_keys=True))
+    return 0
+
+
+def run_fuse(args: argparse.Namespace) -> int:
+    from facefuse.client.api import Client
+
+    with Client(args.url, args.protocol, args.timeout) as client:
+        result = client.fuse(
+            args.source, args.target, args.instruction, **_params(args, with_strength=True)
+        )
+    return _finish(args, result)
+
+
+def run_txt2img(args: argparse.Namespace) -> int:
+    from facefuse.client.api import Client
+
+    with Client(args.url, args.protocol, args.timeout) as client:
+        result = client.txt2img(args.prompt, **_params(args, with_strength=False))
+    return _finish(args, result)

@@ -1,0 +1,176 @@
+"""The face-fusion and txt2img orchestrators, over pluggable stages.
+
+:class:`Stages` are plain callables on numpy arrays, so the same orchestrator runs in a
+Triton BLS model (each stage a call to another model) and in-process (each stage an ORT
+session), which is how the server's overhead is measured. Phases, in order: check inputs,
+analyse faces, optimise prompt, encode text, encode image, denoise, decode, paste back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from facefuse.diffusion.loop import DEFAULT_SCHEDULER, LoopRequest, denoise, make_scheduler
+from facefuse.diffusion.manifest import PipelineManifest
+from facefuse.limits import DEFAULT_LIMITS, GenerationParams, Limits, check_params
+
+DEFAULT_STEPS = 20
+DEFAULT_STRENGTH = 0.5
+DEFAULT_GUIDANCE = 7.5
+DEFAULT_SEED = 0
+
+
+@dataclass
+class Stages:
+    """The callables a pipeline runs. Shapes: ids [N,77] int64, images NCHW in [-1, 1]."""
+
+    analyze_faces: Callable[[bytes, bytes, int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+    optimize_prompt: Callable[[str], tuple[np.ndarray, np.ndarray, dict]]
+    encode_text: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+    encode_image: Callable[[np.ndarray], np.ndarray]
+    unet: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    decode_latents: Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass
+class Timer:
+    """Per-stage wall milliseconds, in call order."""
+
+    ms: dict[str, float] = field(default_factory=dict)
+
+    def run(self, name: str, fn: Callable, *args):
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.ms[name] = round(self.ms.get(name, 0.0) + 1000 * (time.perf_counter() - start), 2)
+
+
+def params_from(
+    steps=None, strength=None, guidance=None, seed=None, limits: Limits = DEFAULT_LIMITS
+) -> GenerationParams:
+    """Fill defaults for absent parameters and validate them all."""
+    return check_params(
+        DEFAULT_STEPS if steps is None else steps,
+        DEFAULT_STRENGTH if strength is None else strength,
+        DEFAULT_GUIDANCE if guidance is None else guidance,
+        DEFAULT_SEED if seed is None else seed,
+        limits,
+    )
+
+
+def to_nchw(image: np.ndarray) -> np.ndarray:
+    """HxWx3 float in [0, 1] -> 1x3xHxW in [-1, 1]."""
+    return (image.transpose(2, 0, 1)[None] * 2.0 - 1.0).astype(np.float32)
+
+
+def from_nchw(image: np.ndarray) -> np.ndarray:
+    """1x3xHxW in [-1, 1] -> HxWx3 float in [0, 1], clipped; NaN is refused."""
+    if not np.all(np.isfinite(image)):
+        raise FloatingPointError("decoded image contains NaN or inf")
+    return np.clip(image[0].transpose(1, 2, 0) / 2.0 + 0.5, 0.0, 1.0)
+
+
+def latent_mask(mask: np.ndarray, latent_size: int) -> np.ndarray:
+    """Pixel mask [S,S] -> [1,s,s] by area averaging (S divisible by s)."""
+    factor = mask.shape[0] // latent_size
+    pooled = mask[: latent_size * factor, : latent_size * factor]
+    pooled = pooled.reshape(latent_size, factor, latent_size, factor).mean(axis=(1, 3))
+    return pooled[None].astype(np.float32)
+
+
+def _context(hidden: np.ndarray) -> np.ndarray:
+    """[N,77,D] chunk embeddings -> [N*77, D] conditioning (A1111-style concatenation)."""
+    return hidden.reshape(-1, hidden.shape[-1])
+
+
+class Pipeline:
+    """Runs face fusion and txt2img over :class:`Stages` for one exported model."""
+
+    def __init__(
+        self, stages: Stages, manifest: PipelineManifest, scheduler: str = DEFAULT_SCHEDULER
+    ):
+        self.stages = stages
+        self.manifest = manifest
+        self.scheduler_name = scheduler
+        make_scheduler(scheduler, manifest.scheduler_config)  # fail at load on a bad name
+
+    def _encode_prompt(self, timer: Timer, instruction: str):
+        prompt_ids, negative_ids, prompt_info = timer.run(
+            "prompt", self.stages.optimize_prompt, instruction
+        )
+        ids = np.concatenate([prompt_ids, negative_ids]).astype(np.int64)
+        hidden, hit_tokens = timer.run("text_encoder", self.stages.encode_text, ids)
+        n = len(prompt_ids)
+        info = dict(prompt_info)
+        info["cache_hit_tokens"] = [int(h) for h in np.asarray(hit_tokens).reshape(-1)]
+        return _context(hidden[:n]), _context(hidden[n:]), info
+
+    def _denoise(self, timer: Timer, request: LoopRequest):
+        scheduler = make_scheduler(self.scheduler_name, self.manifest.scheduler_config)
+        return timer.run("denoise", denoise, self.stages.unet, scheduler, request)
+
+    def fuse(
+        self, source: bytes, target: bytes, instruction: str, params: GenerationParams
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Returns (fused crop HxWx3 in [0,1], mask, crop_box, info); the caller pastes back."""
+        timer = Timer()
+        size = self.manifest.image_size
+        composite, mask, crop_box = timer.run(
+            "face", self.stages.analyze_faces, source, target, size
+        )
+        cond, uncond, info = self._encode_prompt(timer, instruction)
+        init = timer.run("vae_encoder", self.stages.encode_image, to_nchw(composite))
+        request = LoopRequest(
+            cond=cond,
+            uncond=uncond,
+            steps=params.steps,
+            guidance=params.guidance,
+            seed=params.seed,
+            strength=params.strength,
+            init_latents=init[0],
+            latent_mask=latent_mask(mask, self.manifest.latent_size),
+        )
+        result = self._denoise(timer, request)
+        decoded = timer.run("vae_decoder", self.stages.decode_latents, result.latents[None])
+        info.update(self._loop_info(params, result), stage_ms=timer.ms)
+        return from_nchw(decoded), mask, crop_box, info
+
+    def txt2img(self, prompt: str, params: GenerationParams) -> tuple[np.ndarray, dict]:
+        """Returns (image HxWx3 in [0,1], info); ``params.strength`` is ignored (always 1)."""
+        timer = Timer()
+        cond, uncond, info = self._encode_prompt(timer, prompt)
+        s = self.manifest.latent_size
+        request = LoopRequest(
+            cond=cond,
+            uncond=uncond,
+            steps=params.steps,
+            guidance=params.guidance,
+            seed=params.seed,
+            latent_shape=(4, s, s),
+        )
+        result = self._denoise(timer, request)
+        decoded = timer.run("vae_decoder", self.stages.decode_latents, result.latents[None])
+        info.update(self._loop_info(params, result), stage_ms=timer.ms)
+        return from_nchw(decoded), info
+
+    def _loop_info(self, params: GenerationParams, result) -> dict:
+        return {
+            "scheduler": self.scheduler_name,
+            "steps": params.steps,
+            "steps_run": result.steps_run,
+            "strength": params.strength,
+            "guidance": params.guidance,
+            "seed": params.seed,
+            "unet_calls": result.unet_calls,
+            "model_id": self.manifest.model_id,
+        }
+
+
+def info_json(info: dict) -> str:
+    return json.dumps(info, sort_keys=True)

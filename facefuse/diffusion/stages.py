@@ -1,0 +1,103 @@
+"""Two ways to build :class:`Stages`: BLS calls to the Triton models, or in-process sessions.
+
+Both run exactly the same library code on the same artefacts, so comparing them measures
+the server's overhead and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from facefuse.diffusion.pipeline import Stages
+
+
+def bls_stages() -> Stages:
+    """Stages that call the other models of the repository (inside a Python-backend stub)."""
+    from facefuse.triton_io import bls, bytes_array
+
+    def analyze_faces(source: bytes, target: bytes, size: int):
+        out = bls(
+            "face_analyzer",
+            {
+                "SOURCE_IMAGE": bytes_array(source),
+                "TARGET_IMAGE": bytes_array(target),
+                "SIZE": np.array([size], dtype=np.int32),
+            },
+            ("COMPOSITE", "MASK", "CROP_BOX"),
+        )
+        return out["COMPOSITE"], out["MASK"], out["CROP_BOX"]
+
+    def optimize_prompt(instruction: str):
+        out = bls(
+            "prompt_optimizer",
+            {"INSTRUCTION": bytes_array(instruction.encode("utf-8"))},
+            ("PROMPT_IDS", "NEGATIVE_IDS", "INFO"),
+        )
+        return out["PROMPT_IDS"], out["NEGATIVE_IDS"], json.loads(out["INFO"].reshape(-1)[0])
+
+    def encode_text(ids: np.ndarray):
+        out = bls("text_encoder", {"INPUT_IDS": ids}, ("LAST_HIDDEN_STATE", "CACHE_HIT_TOKENS"))
+        return out["LAST_HIDDEN_STATE"], out["CACHE_HIT_TOKENS"].reshape(-1)
+
+    def encode_image(image: np.ndarray):
+        return bls("vae_encoder", {"image": image}, ("latent",))["latent"]
+
+    def unet(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
+        inputs = {
+            "sample": sample,
+            "timestep": timestep.reshape(-1, 1).astype(np.float32),
+            "encoder_hidden_states": context,
+        }
+        return bls("unet", inputs, ("noise_pred",))["noise_pred"]
+
+    def decode_latents(latents: np.ndarray):
+        return bls("vae_decoder", {"latent": latents}, ("image",))["image"]
+
+    return Stages(analyze_faces, optimize_prompt, encode_text, encode_image, unet, decode_latents)
+
+
+def local_stages(repository: str | Path, intra_op_threads: int = 0) -> Stages:
+    """The same stages in-process: ORT sessions on the repository's ONNX files, no server."""
+    from facefuse.face.fusion import prepare_fusion
+    from facefuse.face.imageio import decode_image
+    from facefuse.prompt.optimizer import optimize
+    from facefuse.prompt.tokenizer import load_tokenizer
+    from facefuse.runtime import SessionOptions, open_session
+
+    root = Path(repository)
+    options = SessionOptions(intra_op_threads=intra_op_threads)
+    sessions = {
+        name: open_session(root / name / "1" / "model.onnx", options)
+        for name in ("text_encoder", "unet", "vae_encoder", "vae_decoder")
+    }
+    tokenizer = load_tokenizer(root / "prompt_optimizer" / "1")
+
+    def analyze_faces(source: bytes, target: bytes, size: int):
+        plan = prepare_fusion(
+            decode_image(source, "SOURCE_IMAGE"), decode_image(target, "TARGET_IMAGE"), size
+        )
+        return plan.to_arrays()
+
+    def optimize_prompt(instruction: str):
+        result = optimize(instruction, tokenizer)
+        ids = np.asarray(result.prompt_ids, dtype=np.int64)
+        return ids, np.asarray(result.negative_ids, dtype=np.int64), result.info()
+
+    def encode_text(ids: np.ndarray):
+        hidden, _ = sessions["text_encoder"].run(None, {"input_ids": ids})
+        return hidden, np.zeros(len(ids), dtype=np.int32)
+
+    def encode_image(image: np.ndarray):
+        return sessions["vae_encoder"].run(None, {"image": image})[0]
+
+    def unet(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
+        feeds = {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
+        return sessions["unet"].run(None, feeds)[0]
+
+    def decode_latents(latents: np.ndarray):
+        return sessions["vae_decoder"].run(None, {"latent": latents})[0]
+
+    return Stages(analyze_faces, optimize_prompt, encode_text, encode_image, unet, decode_latents)

@@ -1,0 +1,94 @@
+"""Base class for Python-backend models that serve one ONNX graph with real batching.
+
+A subclass names the graph's inputs and outputs; requests handed over by Triton's dynamic
+batcher are concatenated into one ORT forward per shape group (:func:`run_batched`) and the
+outputs split back per request. Counters of forwards and rows are exported as metrics so a
+test can prove that batches larger than one formed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from facefuse import metrics
+from facefuse.runtime import SessionOptions, open_session, run_batched
+from facefuse.triton_io import TritonMetric, error_response, pb_utils
+
+ONNX_FILE = "model.onnx"
+
+
+class OnnxTritonModel:
+    """Triton ``TritonPythonModel`` base: one ORT session, batched execute."""
+
+    INPUTS: tuple[str, ...] = ()
+    OUTPUTS: tuple[str, ...] = ()
+    # per-input cast/reshape applied to each request's array before batching
+    FLATTEN: tuple[str, ...] = ()
+
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        self.name = config["name"]
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        options = SessionOptions(
+            intra_op_threads=int(params.get("intra_op_threads", "0")),
+            inter_op_threads=int(params.get("inter_op_threads", "1")),
+        )
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        self.session = open_session(version_dir / params.get("onnx_file", ONNX_FILE), options)
+        self.max_rows = int(config.get("max_batch_size", 0)) or None
+        self._init_metrics()
+
+    def _init_metrics(self) -> None:
+        labels = {"model": self.name}
+        self.m_forwards = TritonMetric(
+            metrics.ONNX_FORWARDS, "ONNX Runtime forwards run by a batching Python model", **labels
+        )
+        self.m_samples = TritonMetric(
+            metrics.ONNX_SAMPLES, "rows (samples) in those forwards", **labels
+        )
+        self.m_requests = TritonMetric(
+            metrics.ONNX_REQUESTS, "Triton requests served by a batching Python model", **labels
+        )
+
+    def _forward(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self.session.run(list(self.OUTPUTS), feeds)
+
+    def _inputs(self, request) -> dict[str, np.ndarray]:
+        pb = pb_utils()
+        arrays = {}
+        for name in self.INPUTS:
+            array = pb.get_input_tensor_by_name(request, name).as_numpy()
+            arrays[name] = array.reshape(-1) if name in self.FLATTEN else array
+        return arrays
+
+    def execute(self, requests):
+        pb = pb_utils()
+        responses: list = [None] * len(requests)
+        good, feeds = [], []
+        for i, request in enumerate(requests):
+            try:
+                feeds.append(self._inputs(request))
+                good.append(i)
+            except Exception as exc:
+                responses[i] = error_response(exc, self.name)
+        try:
+            outputs, stats = run_batched(self._forward, feeds, self.max_rows)
+        except Exception as exc:  # one failed forward fails the requests in it, not the model
+            for i in good:
+                responses[i] = error_response(exc, self.name)
+            return responses
+        self.m_forwards.increment(stats.forwards)
+        self.m_samples.increment(stats.samples)
+        self.m_requests.increment(stats.requests)
+        for i, out in zip(good, outputs):
+            tensors = [
+                pb.Tensor(name, np.ascontiguousarray(o)) for name, o in zip(self.OUTPUTS, out)
+            ]
+            responses[i] = pb.InferenceResponse(output_tensors=tensors)
+        return responses
+
+    def finalize(self) -> None:
+        self.session = None

@@ -1,0 +1,36 @@
+"""face_analyzer: thin adapter over facefuse.face (detect, align, mask, composite)."""
+
+import json
+
+import numpy as np
+
+from facefuse.errors import InvalidInput
+from facefuse.face.fusion import prepare_fusion
+from facefuse.face.imageio import decode_image
+from facefuse.triton_io import get_bytes, get_scalar, pb_utils, respond_each
+
+MIN_SIZE, MAX_SIZE = 64, 2048
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = json.loads(args["model_config"])["name"]
+
+    def _handle(self, request):
+        pb = pb_utils()
+        size = get_scalar(request, "SIZE", None, int)
+        if size is None or not (MIN_SIZE <= size <= MAX_SIZE) or size % 8:
+            raise InvalidInput("SIZE", f"must be a multiple of 8 in {MIN_SIZE}..{MAX_SIZE}")
+        source = decode_image(get_bytes(request, "SOURCE_IMAGE"), "SOURCE_IMAGE")
+        target = decode_image(get_bytes(request, "TARGET_IMAGE"), "TARGET_IMAGE")
+        composite, mask, crop_box = prepare_fusion(source, target, size).to_arrays()
+        return pb.InferenceResponse(
+            output_tensors=[
+                pb.Tensor("COMPOSITE", np.ascontiguousarray(composite, dtype=np.float32)),
+                pb.Tensor("MASK", np.ascontiguousarray(mask, dtype=np.float32)),
+                pb.Tensor("CROP_BOX", np.asarray(crop_box, dtype=np.int64)),
+            ]
+        )
+
+    def execute(self, requests):
+        return respond_each(requests, self._handle, self.name)

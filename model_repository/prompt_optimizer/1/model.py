@@ -1,0 +1,49 @@
+"""prompt_optimizer: thin adapter over facefuse.prompt.optimizer."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from facefuse import metrics
+from facefuse.errors import InvalidInput
+from facefuse.prompt.optimizer import OVERFLOW_MODES, optimize
+from facefuse.prompt.tokenizer import build_clip_tokenizer, load_tokenizer
+from facefuse.triton_io import TritonMetric, get_text, json_tensor, pb_utils, respond_each
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = json.loads(args["model_config"])["name"]
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        # the exported model's own tokenizer; the embedded CLIP vocabulary otherwise
+        has_own = (version_dir / "tokenizer").is_dir()
+        self.tokenizer = load_tokenizer(version_dir) if has_own else build_clip_tokenizer()
+        labels = {"model": self.name}
+        self.tokens_before = TritonMetric(
+            metrics.PROMPT_TOKENS_BEFORE, "CLIP tokens in instructions received", **labels
+        )
+        self.tokens_after = TritonMetric(
+            metrics.PROMPT_TOKENS_AFTER, "CLIP tokens in the optimised prompts sent on", **labels
+        )
+
+    def _handle(self, request):
+        pb = pb_utils()
+        instruction = get_text(request, "INSTRUCTION")
+        overflow = get_text(request, "OVERFLOW", required=False) or "truncate"
+        if overflow not in OVERFLOW_MODES:
+            raise InvalidInput("OVERFLOW", f"must be one of {', '.join(OVERFLOW_MODES)}")
+        negative = get_text(request, "NEGATIVE_PROMPT", required=False)
+        result = optimize(instruction, self.tokenizer, overflow=overflow, negative_prompt=negative)
+        self.tokens_before.increment(result.tokens_before)
+        self.tokens_after.increment(result.tokens_after)
+        return pb.InferenceResponse(
+            output_tensors=[
+                pb.Tensor("PROMPT_IDS", np.asarray(result.prompt_ids, dtype=np.int64)),
+                pb.Tensor("NEGATIVE_IDS", np.asarray(result.negative_ids, dtype=np.int64)),
+                json_tensor("INFO", result.info()),
+            ]
+        )
+
+    def execute(self, requests):
+        return respond_each(requests, self._handle, self.name)

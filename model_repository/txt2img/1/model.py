@@ -1,0 +1,24 @@
+"""txt2img: portrait generation from a prompt over the same BLS stages as facefusion."""
+
+import numpy as np
+
+from facefuse.diffusion.pipeline import info_json
+from facefuse.face.imageio import encode_png
+from facefuse.limits import check_instruction
+from facefuse.triton_io import bytes_array, get_text, pb_utils, text_tensor
+from facefuse.triton_pipeline import PipelineTritonModel
+
+
+class TritonPythonModel(PipelineTritonModel):
+    def handle(self, request):
+        pb = pb_utils()
+        params = self.params(request, with_strength=False)
+        prompt = check_instruction(get_text(request, "PROMPT"), field="PROMPT")
+        image, info = self.pipeline.txt2img(prompt, params)
+        png = encode_png((image * 255.0 + 0.5).astype(np.uint8))
+        return pb.InferenceResponse(
+            output_tensors=[
+                pb.Tensor("IMAGE", bytes_array(png)),
+                text_tensor("INFO", info_json(info)),
+            ]
+        )

@@ -1,0 +1,8 @@
+"""vae_encoder: pixels in [-1, 1] -> scaled latents (ONNX Runtime inside, batched)."""
+
+from facefuse.triton_onnx import OnnxTritonModel
+
+
+class TritonPythonModel(OnnxTritonModel):
+    INPUTS = ("image",)
+    OUTPUTS = ("latent",)
