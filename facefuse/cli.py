@@ -16,6 +16,7 @@ from facefuse.errors import FacefuseError
 COMMAND_MODULES = (
     "facefuse.export.commands",  # export
     "facefuse.server_commands",  # serve
+    "facefuse.demo",  # demo
     "facefuse.client.commands",  # fuse, txt2img
     "facefuse.prompt.commands",  # prompt, prompt-eval
     "facefuse.bench",  # bench ...

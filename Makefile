@@ -1,0 +1,47 @@
+# facefuse: `make demo` runs the embedded default end to end, `make test` runs every test.
+# Both create .venv when it is missing and install what they need (CPU torch first).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+FACEFUSE := $(VENV)/bin/facefuse
+STAMP := $(VENV)/.facefuse-installed
+REPOSITORY ?= model_repository
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: install demo test test-unit test-integration lint format export clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# the CPU wheel first: an unpinned torch would pull a multi-GB CUDA build
+	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+export: install
+	$(FACEFUSE) export --model tiny --out $(REPOSITORY)
+
+demo: export
+	$(FACEFUSE) demo --repository $(REPOSITORY) --out out/fused.png
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-unit: install
+	$(PY) -m pytest -q tests/unit
+
+test-integration: install
+	$(PY) -m pytest -q tests/integration
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf out .cache .pytest_cache
+	find $(REPOSITORY) -name '*.onnx' -o -name '*.onnx.data' -o -name 'pipeline.json' | xargs rm -f
