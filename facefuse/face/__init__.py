@@ -1,0 +1,14 @@
+"""Faces: decode uploads, detect, align, mask, composite, paste back.
+
+Modules, one job each (numpy, OpenCV, Pillow and dlib only; never torch):
+
+* :mod:`~facefuse.face.imageio`: bytes -> RGB array with header-first limits; RGB -> PNG.
+* :mod:`~facefuse.face.models`: the detector/landmark models shipped inside PyPI packages.
+* :mod:`~facefuse.face.detect`: the main face through a cascade of detector stages.
+* :mod:`~facefuse.face.landmarks`: eye and nose positions inside a face box.
+* :mod:`~facefuse.face.geometry`: similarity transforms, the face ellipse, the crop box.
+* :mod:`~facefuse.face.mask`: feathered face masks.
+* :mod:`~facefuse.face.color`: L*a*b* colour transfer.
+* :mod:`~facefuse.face.fusion`: :func:`prepare_fusion`, :class:`FusionPlan`, :func:`paste_back`.
+* :mod:`~facefuse.face.evaluate` / :mod:`~facefuse.face.commands`: ``facefuse face-eval``.
+"""

@@ -5,6 +5,7 @@ import json
 import numpy as np
 
 from facefuse.errors import InvalidInput
+from facefuse.face.detect import warm_up
 from facefuse.face.fusion import prepare_fusion
 from facefuse.face.imageio import decode_image
 from facefuse.triton_io import get_bytes, get_scalar, pb_utils, respond_each
@@ -15,6 +16,7 @@ MIN_SIZE, MAX_SIZE = 64, 2048
 class TritonPythonModel:
     def initialize(self, args):
         self.name = json.loads(args["model_config"])["name"]
+        warm_up()  # build the detectors now, not on the first request
 
     def _handle(self, request):
         pb = pb_utils()

@@ -1,0 +1,213 @@
+"""Face fusion geometry: put face A onto face B before diffusion, and paste the result back.
+
+:func:`prepare_fusion` detects both faces, aligns A onto B with a similarity transform of the
+eyes (and nose), matches A's colours to B's skin in L*a*b*, and returns a :class:`FusionPlan`
+for a square crop of B around the face. :func:`paste_back` puts a generated crop back into B.
+
+Invariants: ``plan.mask`` is 1 where the diffusion model should regenerate, 0 where B must stay
+as it is; :func:`paste_back` returns an image of B's exact shape whose pixels outside the crop
+box or where the (resized) mask is 0 are bit-identical to B's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from facefuse.face import geometry
+from facefuse.face.color import match_color
+from facefuse.face.detect import Face, detect_face
+from facefuse.face.imageio import PixelError
+from facefuse.face.mask import feathered_ellipse
+
+SOURCE_FIELD, TARGET_FIELD = "SOURCE_IMAGE", "TARGET_IMAGE"
+
+
+@dataclass
+class FusionPlan:
+    """Everything the diffusion stage and :func:`paste_back` need.
+
+    ``composite``: float32 [size, size, 3] in [0, 1], B's crop with A's face blended in.
+    ``mask``: float32 [size, size] in [0, 1], 1 = regenerate.
+    ``crop_box``: (x0, y0, x1, y1) in B's pixels, square, may extend past B only when B is
+    smaller than the face needs. ``source_face``/``target_face``/``source_to_crop`` (A's
+    pixels -> crop pixels, 2x3) are diagnostics and do not cross :meth:`to_arrays`.
+    """
+
+    composite: np.ndarray
+    mask: np.ndarray
+    crop_box: tuple[int, int, int, int]
+    source_face: Face | None = None
+    target_face: Face | None = None
+    source_to_crop: np.ndarray | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.mask.shape[0])
+
+    def to_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(composite float32 [S,S,3], mask float32 [S,S], crop_box int64 [4]) for Triton."""
+        return (
+            np.ascontiguousarray(self.composite, dtype=np.float32),
+            np.ascontiguousarray(self.mask, dtype=np.float32),
+            np.asarray(self.crop_box, dtype=np.int64),
+        )
+
+    @classmethod
+    def from_arrays(
+        cls, composite: np.ndarray, mask: np.ndarray, crop_box: np.ndarray
+    ) -> FusionPlan:
+        """Rebuild a plan from :meth:`to_arrays` output (leading batch axes of 1 are dropped)."""
+        composite = np.asarray(composite, dtype=np.float32)
+        mask = np.asarray(mask, dtype=np.float32)
+        while composite.ndim > 3 and composite.shape[0] == 1:
+            composite = composite[0]
+        while mask.ndim > 2 and mask.shape[0] == 1:
+            mask = mask[0]
+        box = np.asarray(crop_box).reshape(-1)
+        if mask.ndim != 2 or mask.shape[0] != mask.shape[1] or mask.shape[0] < 1:
+            raise PixelError(f"FusionPlan: mask must be [S, S], got {mask.shape}")
+        if composite.shape != (*mask.shape, 3):
+            raise PixelError(
+                f"FusionPlan: composite must be {(*mask.shape, 3)}, got {composite.shape}"
+            )
+        if box.shape != (4,) or not np.issubdtype(box.dtype, np.integer):
+            raise PixelError(
+                f"FusionPlan: crop_box must be 4 integers, got {box.dtype} {box.shape}"
+            )
+        x0, y0, x1, y1 = (int(v) for v in box)
+        if x1 <= x0 or y1 <= y0:
+            raise PixelError(f"FusionPlan: crop_box {box.tolist()} is empty")
+        return cls(composite, mask, (x0, y0, x1, y1))
+
+
+def _crop(rgb: np.ndarray, box: tuple[int, int, int, int], size: int) -> np.ndarray:
+    """B's pixels in ``box`` (edge-replicated where it leaves the image), resized to size^2."""
+    height, width = rgb.shape[:2]
+    x0, y0, x1, y1 = box
+    pad = (max(0, -y0), max(0, y1 - height), max(0, -x0), max(0, x1 - width))
+    region = rgb[max(0, y0) : min(height, y1), max(0, x0) : min(width, x1)]
+    if any(pad):
+        region = cv2.copyMakeBorder(region, *pad, cv2.BORDER_REPLICATE)
+    shrinking = (x1 - x0) > size
+    interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_CUBIC
+    resized = cv2.resize(region, (size, size), interpolation=interpolation)
+    return resized.astype(np.float32) / 255.0
+
+
+def prepare_fusion(
+    source_rgb: np.ndarray,
+    target_rgb: np.ndarray,
+    size: int,
+    stages: Sequence[str] | None = None,
+) -> FusionPlan:
+    """Detect, align, colour-match and mask; see the module docstring.
+
+    Raises NoFaceFound("SOURCE_IMAGE") or NoFaceFound("TARGET_IMAGE") when a face is missing.
+    """
+    if int(size) < 8:
+        raise ValueError(f"prepare_fusion: size must be at least 8, got {size}")
+    size = int(size)
+    source_face = detect_face(source_rgb, SOURCE_FIELD, stages)
+    target_face = detect_face(target_rgb, TARGET_FIELD, stages)
+
+    ellipse = geometry.face_ellipse(target_face.left_eye, target_face.right_eye)
+    box = geometry.crop_box(ellipse, target_rgb.shape)
+    image_to_crop = geometry.box_to_square(box, size)
+    crop_ellipse = ellipse.mapped(image_to_crop)
+
+    source_points, target_points = source_face.alignment_points(), target_face.alignment_points()
+    count = min(len(source_points), len(target_points))
+    source_to_target = geometry.similarity_transform(source_points[:count], target_points[:count])
+    source_to_crop = geometry.compose(image_to_crop, source_to_target)
+
+    warped = (
+        cv2.warpAffine(
+            source_rgb,
+            source_to_crop,
+            (size, size),
+            flags=cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_REPLICATE,
+        ).astype(np.float32)
+        / 255.0
+    )
+    coverage = cv2.warpAffine(
+        np.ones(source_rgb.shape[:2], np.float32),
+        source_to_crop,
+        (size, size),
+        flags=cv2.INTER_LINEAR,
+    )
+    target_crop = _crop(target_rgb, box, size)
+    mask = feathered_ellipse(crop_ellipse, (size, size))
+
+    face_region = mask > 0.5
+    matched = match_color(warped, target_crop, face_region & (coverage > 0.99), face_region)
+    alpha = (mask * np.clip(coverage, 0.0, 1.0))[:, :, None]
+    composite = target_crop * (1.0 - alpha) + matched * alpha
+    return FusionPlan(
+        composite=np.clip(composite, 0.0, 1.0).astype(np.float32),
+        mask=mask,
+        crop_box=box,
+        source_face=source_face,
+        target_face=target_face,
+        source_to_crop=source_to_crop,
+    )
+
+
+def paste_back(target_rgb: np.ndarray, generated: np.ndarray, plan: FusionPlan) -> np.ndarray:
+    """B with the generated crop blended in by the plan's mask; uint8, B's exact shape.
+
+    ``generated`` is float [size, size, 3] in [0, 1] (values outside are clipped). NaN or
+    infinite values in it or in the mask raise :class:`PixelError` instead of producing a
+    black patch.
+    """
+    target = np.asarray(target_rgb)
+    if target.dtype != np.uint8 or target.ndim != 3 or target.shape[2] != 3:
+        raise PixelError(
+            f"paste_back: target must be RGB uint8 (H, W, 3), got {target.dtype} {target.shape}"
+        )
+    generated = np.asarray(generated)
+    while generated.ndim > 3 and generated.shape[0] == 1:
+        generated = generated[0]
+    size = plan.size
+    if generated.shape != (size, size, 3):
+        raise PixelError(
+            f"paste_back: generated crop must be {(size, size, 3)}, got {generated.shape}"
+        )
+    if not np.isfinite(generated).all():
+        raise PixelError("paste_back: the generated image contains NaN or infinite values")
+    if not np.isfinite(plan.mask).all():
+        raise PixelError("paste_back: the mask contains NaN or infinite values")
+
+    height, width = target.shape[:2]
+    x0, y0, x1, y1 = plan.crop_box
+    ix0, iy0, ix1, iy1 = max(0, x0), max(0, y0), min(width, x1), min(height, y1)
+    result = target.copy()
+    if ix1 <= ix0 or iy1 <= iy0:
+        return result
+    box_w, box_h = x1 - x0, y1 - y0
+    pixels8 = np.rint(np.clip(generated, 0.0, 1.0) * 255.0).astype(np.uint8)
+    interpolation = cv2.INTER_AREA if box_w < size else cv2.INTER_CUBIC
+    pixels = cv2.resize(pixels8, (box_w, box_h), interpolation=interpolation)
+    mask = cv2.resize(
+        np.clip(plan.mask, 0.0, 1.0).astype(np.float32),
+        (box_w, box_h),
+        interpolation=cv2.INTER_LINEAR,
+    )
+    mask = mask[iy0 - y0 : iy1 - y0, ix0 - x0 : ix1 - x0]
+    rows, cols = np.flatnonzero(mask.max(axis=1) > 0), np.flatnonzero(mask.max(axis=0) > 0)
+    if not len(rows):
+        return result
+    # only the mask's bounding window is touched; inside it, pixels with mask 0 keep B's value
+    r0, r1, c0, c1 = rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
+    weight = np.ascontiguousarray(mask[r0:r1, c0:c1])
+    ty, tx = iy0 + r0, ix0 + c0
+    original = np.ascontiguousarray(target[ty : ty + (r1 - r0), tx : tx + (c1 - c0)])
+    new = np.ascontiguousarray(pixels[iy0 - y0 + r0 : iy0 - y0 + r1, ix0 - x0 + c0 : ix0 - x0 + c1])
+    blended = cv2.blendLinear(original, new, 1.0 - weight, weight)
+    window = result[ty : ty + (r1 - r0), tx : tx + (c1 - c0)]
+    np.copyto(window, blended, where=(weight > 0)[:, :, None])
+    return result
