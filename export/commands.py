@@ -6,8 +6,10 @@ import argparse
 import time
 from pathlib import Path
 
-PRECISIONS = ("fp32",)
-TARGETS = ("cpu",)
+from facefuse.variants import PRECISIONS, TARGETS
+
+# what each target can build (fp32, the reference, is always exported)
+TARGET_PRECISIONS = {"cpu": ("fp32", "int8"), "gpu": ("fp32", "fp16")}
 
 
 def register(subparsers) -> None:
@@ -24,7 +26,8 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--model",
         default="tiny",
-        help="'tiny' (the seeded tiny SD 1.x model, built on first use into .cache/models/tiny) "
+        help="'tiny' (the seeded tiny SD 1.x model, built on first use into .cache/models/tiny), "
+        "'mid' (a seeded mid-size model whose UNet dominates the cost) "
         "or the path of a local diffusers SD 1.x folder (e.g. stable-diffusion-v1-5)",
     )
     parser.add_argument(
@@ -34,10 +37,25 @@ def register(subparsers) -> None:
         help="model repository to write into (default: model_repository)",
     )
     parser.add_argument(
-        "--precision", choices=PRECISIONS, default="fp32", help="weight precision of the graphs"
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="variant written beside the fp32 reference: int8 (cpu: model.int8.onnx, dynamic "
+        "MatMul/Gemm) or fp16 (gpu: model.fp16.onnx + TensorRT model.plan); also generates "
+        "<model>_<precision> folders for A/B routing and FP32 fallback",
     )
     parser.add_argument(
         "--target", choices=TARGETS, default="cpu", help="hardware the artefacts are built for"
+    )
+    parser.add_argument(
+        "--no-engine",
+        action="store_true",
+        help="gpu: write FP16 ONNX only, no TensorRT engine (e.g. on a host without TensorRT)",
+    )
+    parser.add_argument(
+        "--check-engines",
+        action="store_true",
+        help="only check the TensorRT engines in --out against this host's GPU and TensorRT",
     )
     parser.set_defaults(func=run)
 
@@ -52,6 +70,14 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if not args.out.is_dir():
         console.print(f"[red]--out {args.out}: not a directory (expected the model repository)")
+        return 2
+    if args.check_engines:
+        return _check_engines(args.out, console)
+    if args.precision not in TARGET_PRECISIONS[args.target]:
+        console.print(
+            f"[red]--precision {args.precision} is not built for --target {args.target} "
+            f"(choose from {', '.join(TARGET_PRECISIONS[args.target])})"
+        )
         return 2
     started = time.perf_counter()
     with console.status(f"loading {args.model}") as status:
@@ -71,5 +97,54 @@ def run(args: argparse.Namespace) -> int:
             "ok" if r.ok else "[red]FAIL",
         )
     console.print(table)
+    if all(r.ok for r in results) and args.precision != "fp32":
+        _export_variant(args, components, console)
     console.print(f"export took {time.perf_counter() - started:.1f} s")
     return 0 if all(r.ok for r in results) else 1
+
+
+def _export_variant(args, components, console) -> None:
+    """Write the --precision variant beside model.onnx, and its A/B / fallback folders."""
+    from facefuse.export.repository import write_variant_models
+
+    if args.target == "cpu":
+        from facefuse.export.quantize import export_cpu_variant
+
+        for r in export_cpu_variant(args.out, args.precision):
+            console.print(
+                f"{args.precision}: {r.path.relative_to(args.out)} "
+                f"{r.source_bytes / 1e6:.1f} MB -> {r.bytes / 1e6:.1f} MB"
+            )
+    else:
+        from facefuse.export.gpu import export_gpu_variant
+
+        from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
+
+        manifest = PipelineManifest.load(args.out / "facefusion" / "1" / MANIFEST_NAME)
+        for r in export_gpu_variant(
+            args.out, args.precision, manifest, {"unet": 16}, engines=not args.no_engine
+        ):
+            console.print(f"{r.kind}: {r.path.relative_to(args.out)} ({r.detail})")
+        write_variant_models(args.out, "fp32")  # the FP32 fallback models
+    for folder in write_variant_models(args.out, args.precision):
+        console.print(f"variant model folder: {folder.relative_to(args.out)}")
+
+
+def _check_engines(out: Path, console) -> int:
+    from facefuse.export.gpu import PLAN_FILE, check_engine
+
+    from facefuse.errors import ModelLoadError
+
+    plans = sorted(out.glob(f"*/1/{PLAN_FILE}"))
+    if not plans:
+        console.print(f"[red]no TensorRT engine ({PLAN_FILE}) under {out}")
+        return 1
+    failed = 0
+    for plan in plans:
+        try:
+            meta = check_engine(plan)
+            console.print(f"{plan}: ok (TensorRT {meta['tensorrt_version']}, {meta['gpu_name']})")
+        except ModelLoadError as exc:
+            console.print(f"[red]{exc}")
+            failed += 1
+    return 1 if failed else 0

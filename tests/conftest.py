@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_REPOSITORY = ROOT / "model_repository"
-
-
-def copy_repository_sources(destination: Path) -> Path:
-    """Copy the versioned part of the model repository (configs, model.py), no artefacts."""
-    shutil.copytree(
-        SOURCE_REPOSITORY,
-        destination,
-        ignore=shutil.ignore_patterns(
-            "*.onnx", "*.onnx.data", "pipeline.json", "tokenizer", "__pycache__"
-        ),
-    )
-    return destination
 
 
 @pytest.fixture(scope="session")
@@ -34,8 +21,11 @@ def tiny_components():
 def tiny_repository(tmp_path_factory, tiny_components) -> Path:
     """A model repository with the tiny model exported into it (fresh for this session)."""
     from facefuse.export.repository import export_repository
+    from facefuse.export.variants import copy_repository_sources
 
-    repository = copy_repository_sources(tmp_path_factory.mktemp("repo") / "model_repository")
+    repository = copy_repository_sources(
+        SOURCE_REPOSITORY, tmp_path_factory.mktemp("repo") / "model_repository"
+    )
     results = export_repository(tiny_components, repository)
     assert all(r.ok for r in results), [(r.name, r.max_abs_diff) for r in results]
     return repository

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from facefuse.errors import ModelLoadError
 
-TINY_NAME = "tiny"
+SEEDED_NAMES = ("tiny", "mid")  # seeded random-weight models built on first use
 REQUIRED = ("unet", "vae", "text_encoder", "tokenizer", "scheduler")
 
 
@@ -37,13 +37,13 @@ class Components:
 
 
 def resolve_model(model: str | Path, cache_dir: str | Path = ".cache/models") -> Path:
-    """``"tiny"`` builds (once) and returns the seeded tiny model folder; a path is checked."""
-    if str(model) == TINY_NAME:
-        from facefuse.models.tiny import save_model
+    """``"tiny"``/``"mid"`` build (once) and return a seeded model folder; a path is checked."""
+    if str(model) in SEEDED_NAMES:
+        from facefuse.models.tiny import NAMED_SHAPES, save_model
 
-        folder = Path(cache_dir) / "tiny"
+        folder = Path(cache_dir) / str(model)
         if not (folder / "model_index.json").exists():
-            save_model(folder)
+            save_model(folder, NAMED_SHAPES[str(model)])
         return folder
     folder = Path(model)
     missing = [name for name in REQUIRED if not (folder / name).is_dir()]
@@ -56,7 +56,7 @@ def resolve_model(model: str | Path, cache_dir: str | Path = ".cache/models") ->
 
 
 def load_components(model: str | Path) -> Components:
-    """Load every component of ``model`` (``"tiny"`` or a diffusers folder) in fp32 eval mode."""
+    """Load every component of ``model`` (a seeded name or a diffusers folder), fp32 eval mode."""
     import json
 
     from diffusers import AutoencoderKL, UNet2DConditionModel

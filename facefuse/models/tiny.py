@@ -62,6 +62,21 @@ TINY = ModelShape(
     sample_size=32,
 )
 
+# A mid-size model whose UNet dominates the cost (about 90% of a request), for throughput and
+# server-overhead measurements where the tiny model's per-call overheads would dominate.
+MID = ModelShape(
+    text_hidden=256,
+    text_layers=6,
+    text_heads=4,
+    text_ffn=1024,
+    unet_channels=(128, 256, 256),
+    unet_layers_per_block=2,
+    unet_head_dim=8,
+    vae_channels=(32, 32, 64, 64),
+    vae_layers_per_block=1,
+    sample_size=32,
+)
+
 SD15 = ModelShape(
     text_hidden=768,
     text_layers=12,
@@ -142,6 +157,13 @@ def build_vae(shape: ModelShape, seed: int = DEFAULT_SEED):
     ).eval()
 
 
+NAMED_SHAPES = {"tiny": TINY, "mid": MID}
+
+
+def shape_name(shape: ModelShape) -> str:
+    return next((name for name, s in NAMED_SHAPES.items() if s == shape), "custom")
+
+
 def save_model(out_dir: str | Path, shape: ModelShape = TINY, seed: int = DEFAULT_SEED) -> Path:
     """Write a diffusers folder with seeded weights of ``shape``; returns the folder."""
     out = Path(out_dir)
@@ -160,7 +182,7 @@ def save_model(out_dir: str | Path, shape: ModelShape = TINY, seed: int = DEFAUL
         "unet": ["diffusers", "UNet2DConditionModel"],
         "vae": ["diffusers", "AutoencoderKL"],
         "scheduler": ["diffusers", "DDIMScheduler"],
-        "_facefuse": {"seed": seed, "shape": "tiny" if shape == TINY else "custom"},
+        "_facefuse": {"seed": seed, "shape": shape_name(shape)},
     }
     (out / "model_index.json").write_text(json.dumps(index, indent=2))
     return out

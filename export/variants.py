@@ -1,0 +1,87 @@
+"""Derived model repositories: the same exported artefacts under other configurations.
+
+:func:`naive_repository` builds baseline B of ``facefuse bench e2e``: what a deployment that
+follows NVIDIA's examples looks like - no dynamic batching, one instance per model, DDIM,
+fp32, no prompt compression, no prefix cache. Artefacts are symlinked, never copied.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+ARTEFACT_SUFFIXES = (".onnx", ".data", ".json")
+
+
+def _copy_model(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True)
+    for item in src.iterdir():
+        target = dst / item.name
+        if item.is_dir() and item.name == "1":
+            target.mkdir()
+            for inner in item.iterdir():
+                if inner.name == "__pycache__":
+                    continue
+                if (
+                    inner.is_dir()
+                    or inner.suffix in ARTEFACT_SUFFIXES
+                    or inner.name.endswith(".onnx.data")
+                ):
+                    target.joinpath(inner.name).symlink_to(inner.resolve())
+                else:
+                    shutil.copy2(inner, target / inner.name)
+        elif item.is_dir():
+            shutil.copytree(item, target)
+        else:
+            shutil.copy2(item, target)
+
+
+def copy_repository_sources(source: str | Path, destination: str | Path) -> Path:
+    """Copy the versioned part of a model repository (configs, model.py), no artefacts."""
+    shutil.copytree(
+        source,
+        destination,
+        ignore=shutil.ignore_patterns(
+            "*.onnx", "*.onnx.data", "pipeline.json", "tokenizer", "__pycache__"
+        ),
+    )
+    return Path(destination)
+
+
+def set_parameter(config: str, key: str, value: str) -> str:
+    """Set (or add) ``parameters { key: KEY value: { string_value: VALUE } }`` in a pbtxt."""
+    pattern = re.compile(
+        rf'parameters\s*{{\s*key:\s*"{re.escape(key)}",?\s*value:\s*{{\s*string_value:\s*"[^"]*"\s*}}\s*}}'
+    )
+    entry = f'parameters {{ key: "{key}", value: {{ string_value: "{value}" }} }}'
+    if pattern.search(config):
+        return pattern.sub(entry, config)
+    return config.rstrip("\n") + "\n" + entry + "\n"
+
+
+def without_dynamic_batching(config: str) -> str:
+    return re.sub(r"dynamic_batching\s*{[^}]*}\s*", "", config)
+
+
+def single_instance(config: str) -> str:
+    return re.sub(r"count:\s*\d+", "count: 1", config)
+
+
+def naive_repository(source: str | Path, destination: str | Path) -> Path:
+    """Write baseline B's repository at ``destination`` from an exported ``source``."""
+    source, destination = Path(source), Path(destination)
+    if destination.exists():
+        shutil.rmtree(destination)
+    for model in sorted(p for p in source.iterdir() if (p / "config.pbtxt").is_file()):
+        _copy_model(model, destination / model.name)
+        config_path = destination / model.name / "config.pbtxt"
+        config = single_instance(without_dynamic_batching(config_path.read_text()))
+        if model.name in ("facefusion", "txt2img"):
+            config = set_parameter(config, "scheduler", "ddim")
+        if model.name == "prompt_optimizer":
+            config = set_parameter(config, "compress", "false")
+        if model.name == "text_encoder":
+            config = set_parameter(config, "cache_budget_bytes", "0")
+        config_path.write_text(config)
+    return destination

@@ -1,0 +1,349 @@
+"""``facefuse bench e2e``: facefuse against the two baselines a user would otherwise run.
+
+One command, one run, the same model, inputs, strength and guidance for every contender:
+
+- **baseline A** - a plain diffusers pipeline in-process: ``StableDiffusionInpaintPipeline``
+  (PyTorch eager fp32, DDIM 50 steps, inpainting-style latent blending, no caches) on the same
+  face composite and mask, pasted back the same way;
+- **baseline B** - a naive Triton deployment: the same repository with dynamic batching off,
+  one instance per model, DDIM 50, fp32, no prompt compression, no prefix cache
+  (:func:`facefuse.export.variants.naive_repository`);
+- **facefuse** - the default configuration.
+
+For each concurrency: requests/s, p50/p95 latency, average UNet batch rows per execution (Triton
+metrics), CPU-seconds per image, plus ratios. ``overhead`` compares the same optimised loop
+in-process (ORT sessions, no server) with the same through Triton at concurrency 1.
+Writes ``reports/e2e-<model>.json`` and ``reports/e2e-<model>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from facefuse.bench.loadgen import LoadResult, run_closed_loop, tree_cpu_seconds
+
+CONTENDERS = ("baseline-a", "baseline-b", "facefuse", "in-process")
+INSTRUCTION = (
+    "Please make her smile and keep her short hair, soft studio lighting, highly detailed, "
+    "ultra detailed, sharp focus, 8k, 4k, hd"
+)
+STRENGTH, GUIDANCE = 0.5, 7.5
+BASELINE_STEPS = 50
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "e2e",
+        help="facefuse vs a plain diffusers pipeline vs a naive Triton deployment",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model", default="tiny", help="'tiny', 'mid' or a diffusers SD 1.x folder"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        help="concurrency levels (default 1 4)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="requests per contender and level (default: 3 at concurrency 1, 2 per user above)",
+    )
+    parser.add_argument(
+        "--contenders",
+        default=",".join(CONTENDERS),
+        help=f"comma-separated subset of {','.join(CONTENDERS)}",
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, default=Path(".cache/bench"), help="exports live here"
+    )
+    parser.add_argument("--out", type=Path, default=Path("reports"), help="JSON and PNG go here")
+    parser.set_defaults(func=run)
+
+
+# ---------------------------------------------------------------- repositories
+
+
+def exported_repository(model: str, work_dir: Path) -> Path:
+    """The default repository for ``model``, exported once into ``work_dir``."""
+    from facefuse.export.repository import export_repository
+    from facefuse.export.variants import copy_repository_sources
+    from facefuse.models.loading import load_components
+
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", str(model))
+    repository = work_dir / name / "default"
+    if not (repository / "facefusion" / "1" / "pipeline.json").exists():
+        if repository.exists():
+            import shutil
+
+            shutil.rmtree(repository)
+        copy_repository_sources(
+            Path(__file__).resolve().parents[2] / "model_repository", repository
+        )
+        results = export_repository(load_components(model), repository)
+        if not all(r.ok for r in results):
+            raise RuntimeError(
+                f"export parity failed: {[(r.name, r.max_abs_diff) for r in results]}"
+            )
+    return repository
+
+
+def unet_rows_and_execs(metrics_url: str) -> tuple[float, float]:
+    with urllib.request.urlopen(metrics_url) as response:  # noqa: S310 - loopback
+        text = response.read().decode()
+
+    def total(name: str) -> float:
+        pattern = rf'^{name}{{[^}}]*model="unet"[^}}]*}} ([0-9.e+]+)$'
+        return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+    return total("nv_inference_count"), total("nv_inference_exec_count")
+
+
+# ---------------------------------------------------------------- contenders
+
+
+def run_server_contender(repository: Path, levels, counts, steps, source, target) -> dict:
+    from facefuse.client import Client
+    from facefuse.server import LocalTritonServer, ServerConfig
+
+    out = {}
+    log = repository.parent / f"{repository.name}-server.log"
+    with LocalTritonServer(ServerConfig(repository=repository), log_path=log) as server:
+        clients = threading.local()
+
+        def call(index: int) -> None:
+            if not hasattr(clients, "client"):
+                clients.client = Client(server.grpc_url, "grpc")
+            clients.client.fuse(
+                source,
+                target,
+                INSTRUCTION,
+                steps=steps,
+                strength=STRENGTH,
+                guidance=GUIDANCE,
+                seed=index,
+            )
+
+        call(0)  # warm-up: first-request costs are not what we measure
+        for level, count in zip(levels, counts):
+            rows0, execs0 = unet_rows_and_execs(server.metrics_url)
+            result = run_closed_loop(
+                call, level, count, cpu_clock=lambda: tree_cpu_seconds(server.process.pid)
+            )
+            rows1, execs1 = unet_rows_and_execs(server.metrics_url)
+            summary = result.summary()
+            summary["unet_rows_per_exec"] = round((rows1 - rows0) / max(1.0, execs1 - execs0), 2)
+            out[level] = (result, summary)
+    return out
+
+
+def run_baseline_a(model: str, levels, counts, source, target) -> dict:
+    """A plain diffusers inpainting pipeline in-process, one request at a time (a lock)."""
+    import numpy as np
+    import torch
+    from diffusers import DDIMScheduler, StableDiffusionInpaintPipeline
+    from PIL import Image
+
+    from facefuse.face.fusion import paste_back, prepare_fusion
+    from facefuse.face.imageio import decode_image, encode_png
+    from facefuse.models.loading import load_components
+
+    c = load_components(model)
+    pipe = StableDiffusionInpaintPipeline(
+        vae=c.vae,
+        text_encoder=c.text_encoder,
+        tokenizer=c.tokenizer,
+        unet=c.unet,
+        scheduler=DDIMScheduler.from_config(c.scheduler_config),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    lock = threading.Lock()
+
+    def call(index: int) -> None:
+        with lock:
+            target_rgb = decode_image(target, "TARGET_IMAGE")
+            plan = prepare_fusion(decode_image(source, "SOURCE_IMAGE"), target_rgb, c.image_size)
+            image = Image.fromarray((plan.composite * 255).astype(np.uint8))
+            mask = Image.fromarray((plan.mask * 255).astype(np.uint8))
+            fused = pipe(
+                prompt=INSTRUCTION,
+                image=image,
+                mask_image=mask,
+                strength=STRENGTH,
+                num_inference_steps=BASELINE_STEPS,
+                guidance_scale=GUIDANCE,
+                generator=torch.Generator().manual_seed(index),
+                height=c.image_size,
+                width=c.image_size,
+                output_type="np",
+            ).images[0]
+            encode_png(paste_back(target_rgb, fused, plan))
+
+    call(0)
+    return {
+        level: _with_summary(run_closed_loop(call, level, count))
+        for level, count in zip(levels, counts)
+    }
+
+
+def run_in_process(repository: Path, levels, counts, source, target) -> dict:
+    """The optimised loop without a server: ORT sessions in this process."""
+    from facefuse.diffusion.manifest import PipelineManifest
+    from facefuse.diffusion.pipeline import Pipeline, params_from
+    from facefuse.diffusion.stages import local_stages
+
+    manifest = PipelineManifest.load(repository / "facefusion" / "1" / "pipeline.json")
+    pipeline = Pipeline(local_stages(repository), manifest)
+    lock = threading.Lock()
+
+    def call(index: int) -> None:
+        with lock:
+            params = params_from(strength=STRENGTH, guidance=GUIDANCE, seed=index)
+            pipeline.fuse(source, target, INSTRUCTION, params)
+
+    call(0)
+    return {
+        level: _with_summary(run_closed_loop(call, level, count))
+        for level, count in zip(levels, counts)
+    }
+
+
+def _with_summary(result: LoadResult):
+    return result, result.summary()
+
+
+# ---------------------------------------------------------------- report
+
+
+def ratios(results: dict) -> dict:
+    """The headline ratios, where both sides were measured."""
+    out = {}
+
+    def get(name, level, key):
+        return results.get(name, {}).get(str(level), {}).get(key)
+
+    pairs = [
+        ("p50 speed-up vs baseline A, c=1", "baseline-a", 1, "p50_ms", True),
+        ("p50 speed-up vs baseline B, c=1", "baseline-b", 1, "p50_ms", True),
+        ("requests/s vs baseline B, c=4", "baseline-b", 4, "requests_per_s", False),
+        ("requests/s vs baseline A, c=4", "baseline-a", 4, "requests_per_s", False),
+        ("CPU-s per image, baseline B / facefuse, c=4", "baseline-b", 4, "cpu_s_per_image", True),
+    ]
+    for label, other, level, key, lower_is_better in pairs:
+        mine, theirs = get("facefuse", level, key), get(other, level, key)
+        if mine and theirs:
+            out[label] = round(theirs / mine if lower_is_better else mine / theirs, 2)
+    mine, base = get("facefuse", 1, "p50_ms"), get("in-process", 1, "p50_ms")
+    if mine and base:
+        out["Triton overhead per request, ms (c=1 p50)"] = round(mine - base, 1)
+        out["Triton overhead, % of end-to-end (c=1 p50)"] = round(100 * (mine - base) / mine, 1)
+    return out
+
+
+def write_chart(results: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in CONTENDERS if n in results]
+    levels = sorted({int(level) for r in results.values() for level in r})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        xs = [j + i * width for j in range(len(levels))]
+        p50 = [results[name].get(str(lv), {}).get("p50_ms", 0) / 1000 for lv in levels]
+        rps = [results[name].get(str(lv), {}).get("requests_per_s", 0) for lv in levels]
+        left.bar(xs, p50, width, label=name)
+        right.bar(xs, rps, width, label=name)
+    for axis, label in (
+        (left, "p50 latency (s, lower is better)"),
+        (right, "requests/s (higher is better)"),
+    ):
+        axis.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(levels))])
+        axis.set_xticklabels([f"concurrency {lv}" for lv in levels])
+        axis.set_ylabel(label)
+    left.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from facefuse.export.variants import naive_repository
+    from facefuse.samples import sample_pair
+
+    chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = sorted(set(chosen) - set(CONTENDERS))
+    if unknown:
+        print(f"--contenders: unknown {unknown}; expected some of {CONTENDERS}")
+        return 2
+    levels = sorted(set(args.concurrency))
+    counts = [args.requests or (3 if lv == 1 else 2 * lv) for lv in levels]
+    source, target = sample_pair()
+    started = time.perf_counter()
+    repository = exported_repository(args.model, args.work_dir)
+    results: dict[str, dict] = {}
+    for name in chosen:
+        print(f"[{time.perf_counter() - started:6.0f} s] running {name} ...", flush=True)
+        if name == "baseline-a":
+            runs = run_baseline_a(args.model, levels, counts, source, target)
+        elif name == "baseline-b":
+            naive = naive_repository(repository, repository.parent / "naive")
+            runs = run_server_contender(naive, levels, counts, BASELINE_STEPS, source, target)
+        elif name == "facefuse":
+            runs = run_server_contender(repository, levels, counts, None, source, target)
+        else:
+            runs = run_in_process(repository, [1], [counts[0]], source, target)
+        results[name] = {str(level): summary for level, (_, summary) in runs.items()}
+        print(json.dumps(results[name], indent=1), flush=True)
+    report = {
+        "model": str(args.model),
+        "instruction": INSTRUCTION,
+        "strength": STRENGTH,
+        "guidance": GUIDANCE,
+        "results": results,
+        "ratios": ratios(results),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(str(args.model)).name)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"e2e-{name}.json").write_text(json.dumps(report, indent=2))
+    write_chart(results, args.out / f"e2e-{name}.png", f"facefuse bench e2e, model {name}")
+    print_table(report)
+    print(f"wrote {args.out / f'e2e-{name}.json'} and {args.out / f'e2e-{name}.png'}")
+    return 0
+
+
+def print_table(report: dict) -> None:
+    keys = (
+        "requests_per_s",
+        "p50_ms",
+        "p95_ms",
+        "unet_rows_per_exec",
+        "cpu_s_per_image",
+        "failures",
+    )
+    print(f"{'contender':<12} {'conc':>4} " + " ".join(f"{k:>18}" for k in keys))
+    for name, levels in report["results"].items():
+        for level, summary in levels.items():
+            cells = " ".join(f"{summary.get(k, '-')!s:>18}" for k in keys)
+            print(f"{name:<12} {level:>4} {cells}")
+    for label, value in report["ratios"].items():
+        print(f"{label}: {value}")
