@@ -16,6 +16,9 @@ from facefuse.errors import FacefuseError, InvalidInput
 from facefuse.limits import DEFAULT_LIMITS, check_instruction, check_params
 
 PROTOCOLS = ("grpc", "http")
+# Header that the Kubernetes manifests hash on to route one prompt template to one replica
+# (its prefix cache is per pod); see docs/deploy.md.
+TEMPLATE_HEADER = "x-facefuse-template"
 DEFAULT_URLS = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
 ImageLike = bytes | str | Path
 
@@ -126,6 +129,14 @@ def _result(response) -> Result:
     return Result(png=png, info=info)
 
 
+def _template_headers(template_key: str | None) -> dict | None:
+    if template_key is None:
+        return None
+    if not template_key.isprintable() or not (0 < len(template_key) <= 128):
+        raise InvalidInput("template_key", "must be 1..128 printable characters")
+    return {TEMPLATE_HEADER: template_key}
+
+
 def _client_error(exc: Exception) -> ClientError:
     status = getattr(exc, "status", lambda: None)()
     message = getattr(exc, "message", lambda: str(exc))() or str(exc)
@@ -159,13 +170,25 @@ class Client:
         ) as exc:  # tritonclient raises InferenceServerException and transport errors
             raise _client_error(exc) from exc
 
-    def fuse(self, source: ImageLike, target: ImageLike, instruction: str, **params) -> Result:
-        """Fuse ``source``'s face into ``target``; params: steps, strength, guidance, seed."""
-        return self._infer("facefusion", fusion_inputs(source, target, instruction, **params))
+    def fuse(
+        self,
+        source: ImageLike,
+        target: ImageLike,
+        instruction: str,
+        template_key: str | None = None,
+        **params,
+    ) -> Result:
+        """Fuse ``source``'s face into ``target``; params: steps, strength, guidance, seed.
 
-    def txt2img(self, prompt: str, **params) -> Result:
+        ``template_key`` names the prompt template; behind the consistent-hash proxy of the
+        Kubernetes manifests, requests with the same key reach the same replica's cache."""
+        tensors = fusion_inputs(source, target, instruction, **params)
+        return self._infer("facefusion", tensors, _template_headers(template_key))
+
+    def txt2img(self, prompt: str, template_key: str | None = None, **params) -> Result:
         """Generate a portrait; params: steps, guidance, seed."""
-        return self._infer("txt2img", txt2img_inputs(prompt, **params))
+        tensors = txt2img_inputs(prompt, **params)
+        return self._infer("txt2img", tensors, _template_headers(template_key))
 
     def is_ready(self) -> bool:
         try:
@@ -192,10 +215,12 @@ class AsyncClient:
         self.url = url or DEFAULT_URLS[protocol]
         self._client = self.module.InferenceServerClient(self.url)
 
-    async def _infer(self, model: str, tensors: dict) -> Result:
+    async def _infer(self, model: str, tensors: dict, headers: dict | None = None) -> Result:
         inputs, outputs = _build(self.module, tensors)
         try:
-            return _result(await self._client.infer(model, inputs, outputs=outputs))
+            return _result(
+                await self._client.infer(model, inputs, outputs=outputs, headers=headers)
+            )
         except Exception as exc:
             raise _client_error(exc) from exc
 

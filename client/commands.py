@@ -43,6 +43,12 @@ def _common(parser: argparse.ArgumentParser, with_strength: bool) -> None:
         "--timeout", type=float, default=600.0, help="request timeout in seconds (default 600)"
     )
     parser.add_argument("--info", action="store_true", help="print the server's INFO JSON")
+    parser.add_argument(
+        "--template-key",
+        default=None,
+        help="prompt-template name sent as the x-facefuse-template header, so a "
+        "consistent-hash proxy routes one template to one replica's prefix cache",
+    )
 
 
 def register(subparsers) -> None:
@@ -70,7 +76,12 @@ def register(subparsers) -> None:
 
 
 def _params(args, with_strength: bool) -> dict:
-    params = {"steps": args.steps, "guidance": args.guidance, "seed": args.seed}
+    params = {
+        "steps": args.steps,
+        "guidance": args.guidance,
+        "seed": args.seed,
+        "template_key": args.template_key,
+    }
     if with_strength:
         params["strength"] = args.strength
     return params
