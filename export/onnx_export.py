@@ -24,9 +24,12 @@ class ExportResult:
     path: Path
     max_abs_diff: float
     output_scale: float
+    tolerance: float | None = None  # an absolute bound; None: PARITY_TOLERANCE x output scale
 
     @property
     def ok(self) -> bool:
+        if self.tolerance is not None:
+            return self.max_abs_diff <= self.tolerance
         return self.max_abs_diff <= PARITY_TOLERANCE * max(1.0, self.output_scale)
 
 

@@ -60,6 +60,17 @@ def model_identity(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def _export_kv(text_encoder, folder: Path) -> ExportResult:
+    """The prefix/suffix graphs of the exact prefix cache, checked against the full forward."""
+    import json
+
+    from facefuse.export.text_encoder_kv import EXACT_TOLERANCE, export_kv_encoder
+
+    paths = export_kv_encoder(text_encoder, folder, verbose=False)  # raises above 1e-5
+    diff = json.loads(paths["manifest"].read_text())["max_abs_diff"]
+    return ExportResult("text_encoder_kv", paths["suffix"], diff, 1.0, tolerance=EXACT_TOLERANCE)
+
+
 def export_repository(
     components, out: Path, progress: Callable[[str], None] = lambda _: None
 ) -> list[ExportResult]:
@@ -88,6 +99,8 @@ def export_repository(
     for name, run in steps:
         progress(name)
         results.append(run())
+    progress("text_encoder prefix-KV graphs")
+    results.append(_export_kv(components.text_encoder, paths.onnx("text_encoder").parent))
     progress("tokenizer and manifests")
     if paths.tokenizer.exists():
         shutil.rmtree(paths.tokenizer)
@@ -104,3 +117,54 @@ def export_repository(
         paths.manifest(model).parent.mkdir(parents=True, exist_ok=True)
         manifest.save(paths.manifest(model))
     return results
+
+
+def write_variant_models(root: Path, precision: str) -> list[Path]:
+    """Generate ``<model>_<precision>`` folders serving ``precision`` beside the base models.
+
+    They exist for A/B routing and FP32 fallback (a pipeline calls ``unet_int8`` instead of
+    ``unet``). Nothing is copied: ``1/`` holds symlinks to the base model's variant file and
+    its external data, and ``model.py``; ``config.pbtxt`` (and ``configs/*.pbtxt``) are the
+    base model's with the name replaced and ``onnx_file`` / ``default_model_filename``
+    pointing at the variant file.
+    """
+    import os
+    import re
+
+    from facefuse.variants import VARIANT_MODELS, onnx_file, variant_model_name
+
+    root = Path(root)
+    written = []
+    file = onnx_file(precision)
+    for model in VARIANT_MODELS[precision]:
+        base = root / model
+        name = variant_model_name(model, precision)
+        folder = root / name
+        if folder.exists():
+            shutil.rmtree(folder)
+        (folder / "1").mkdir(parents=True)
+        graph = base / "1" / file
+        if not graph.is_file():
+            raise FileNotFoundError(f"{graph}: variant {precision} of {model} not exported")
+        links = [graph, graph.with_name(graph.name + ".data"), base / "1" / "model.py"]
+        for source in links:
+            if source.exists():
+                target = folder / "1" / source.name
+                target.symlink_to(os.path.relpath(source, target.parent))
+        configs = [base / "config.pbtxt", *sorted((base / "configs").glob("*.pbtxt"))]
+        for config in configs:
+            if not config.is_file():
+                continue
+            text = re.sub(r'^name: "[^"]*"', f'name: "{name}"', config.read_text(), flags=re.M)
+            text = re.sub(
+                r'default_model_filename: "[^"]*"', f'default_model_filename: "{file}"', text
+            )
+            text = re.sub(r'platform: "tensorrt_plan"', 'platform: "onnxruntime_onnx"', text)
+            text = re.sub(r'\n*parameters \{ key: "onnx_file"[^\n]*', "", text).rstrip("\n") + "\n"
+            if 'backend: "python"' in text:
+                text += f'parameters {{ key: "onnx_file", value: {{ string_value: "{file}" }} }}\n'
+            out = folder / config.relative_to(base)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+        written.append(folder)
+    return written

@@ -1,23 +1,35 @@
-"""Instruction -> compact prompt, negative prompt and CLIP token ids (first, simple version).
+"""Instruction (and/or attributes) -> compact prompt, negative prompt and CLIP token ids.
 
 Contract used by the ``prompt_optimizer`` Triton model and by the pipelines:
 :func:`optimize` returns an :class:`OptimizedPrompt` whose ``prompt_ids`` and
 ``negative_ids`` are lists of 77-token chunks of equal count (bos ... eos, padded), ready for
 the text encoder.
+
+The steps: validate the text (:func:`facefuse.limits.check_instruction`), parse edit clauses
+into attributes (:func:`~facefuse.prompt.structured.parse_instruction`), render explicit
+attributes first (structured mode), compress the whole (:func:`~facefuse.prompt.compress.compress`),
+then account tokens. Past 75 tokens the prompt is either truncated, with a warning that names
+the dropped words, or split into 75-token chunks (A1111 style) whose embeddings the text
+encoder concatenates; words are never dropped silently.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
+from facefuse.errors import InvalidInput
 from facefuse.limits import check_instruction
+from facefuse.prompt.compress import compress
+from facefuse.prompt.structured import (
+    DEFAULT_FACE_NEGATIVE,
+    parse_instruction,
+    render_attributes,
+)
 from facefuse.prompt.tokenizer import MAX_LENGTH
 
-DEFAULT_NEGATIVE = "blurry, deformed eyes, asymmetrical face, lowres, bad anatomy"
+DEFAULT_NEGATIVE = DEFAULT_FACE_NEGATIVE
 OVERFLOW_MODES = ("truncate", "chunk")
-
-_FILLER = re.compile(r"\b(please|make|him|her|them|the|a|an|keep)\b", re.IGNORECASE)
+BODY = MAX_LENGTH - 2  # tokens between bos and eos
 
 
 @dataclass
@@ -32,44 +44,71 @@ class OptimizedPrompt:
     negative_ids: list[list[int]]
     attributes: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    canonicalised: list[tuple[str, str]] = field(default_factory=list)
+    overflow: str = "truncate"
 
     def info(self) -> dict:
+        """JSON-able summary for the INFO output."""
         return {
             "prompt": self.prompt,
             "negative_prompt": self.negative_prompt,
             "tokens_before": self.tokens_before,
             "tokens_after": self.tokens_after,
             "chunks": len(self.prompt_ids),
+            "overflow": self.overflow,
+            "attributes": dict(self.attributes),
+            "removed": list(self.removed),
+            "canonicalised": [list(pair) for pair in self.canonicalised],
             "warnings": list(self.warnings),
         }
-
-
-def compress(text: str) -> str:
-    """Drop filler words and repeated comma-separated tags, keeping order."""
-    parts = [re.sub(r"\s+", " ", _FILLER.sub(" ", p)).strip() for p in text.split(",")]
-    seen: set[str] = set()
-    kept = []
-    for part in parts:
-        if part and part.lower() not in seen:
-            seen.add(part.lower())
-            kept.append(part)
-    return ", ".join(kept)
 
 
 def encode_chunks(tokenizer, text: str, mode: str, warnings: list[str]) -> list[list[int]]:
     """Token ids as 77-position chunks: one truncated chunk, or 75-token chunks (A1111 style)."""
     if mode not in OVERFLOW_MODES:
-        raise ValueError(f"overflow mode must be one of {OVERFLOW_MODES}, got {mode!r}")
+        raise InvalidInput("overflow", f"must be one of {OVERFLOW_MODES}, got {mode!r}")
     body = tokenizer(text, add_special_tokens=False, truncation=False)["input_ids"]
-    width = MAX_LENGTH - 2
-    if len(body) > width and mode == "truncate":
-        dropped = tokenizer.decode(body[width:])
-        warnings.append(f"prompt truncated to {width} tokens; dropped: {dropped!r}")
-        body = body[:width]
-    pieces = [body[i : i + width] for i in range(0, max(len(body), 1), width)] or [[]]
+    if len(body) > BODY and mode == "truncate":
+        dropped = tokenizer.decode(body[BODY:]).strip()
+        warnings.append(
+            f"prompt has {len(body)} tokens, truncated to {BODY}; dropped: {dropped!r} "
+            "(use overflow='chunk' to keep them)"
+        )
+        body = body[:BODY]
+    elif len(body) > BODY:
+        warnings.append(
+            f"prompt has {len(body)} tokens, split into {-(-len(body) // BODY)} chunks of "
+            f"{BODY} whose embeddings are concatenated"
+        )
+    pieces = [body[i : i + BODY] for i in range(0, max(len(body), 1), BODY)] or [[]]
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     pad = tokenizer.pad_token_id
-    return [[bos, *p, eos] + [pad] * (width - len(p)) for p in pieces]
+    return [[bos, *p, eos] + [pad] * (BODY - len(p)) for p in pieces]
+
+
+def _compose(text: str, attributes: dict | None, style: str):
+    """Return (prompt, negatives, attributes, compression) for instruction + attributes."""
+    parsed = parse_instruction(text) if text else None
+    merged: dict = dict(parsed.attributes) if parsed else {}
+    parts: list[str] = []
+    negatives: list[str] = list(parsed.negatives) if parsed else []
+    if attributes:
+        rendered, extra_neg = render_attributes(attributes, style=style)
+        if rendered:
+            parts.append(rendered)
+        negatives += extra_neg
+        merged.update(attributes)
+    if parsed:
+        parts.extend(parsed.clauses)
+    source = ", ".join(p for p in parts if p)
+    result = compress(source)
+    return result.text, negatives, merged, result
+
+
+def optimize_text(text: str) -> str:
+    """The compact prompt only (what ``prompt-eval`` measures); InvalidInput on bad text."""
+    return _compose(check_instruction(text), None, "compact")[0]
 
 
 def optimize(
@@ -78,23 +117,51 @@ def optimize(
     *,
     overflow: str = "truncate",
     negative_prompt: str | None = None,
+    attributes: dict | None = None,
+    style: str = "compact",
 ) -> OptimizedPrompt:
-    """Compress ``instruction`` into a prompt with token ids; raises InvalidInput if empty."""
-    text = check_instruction(instruction)
-    prompt = compress(text) or text
-    negative = DEFAULT_NEGATIVE if negative_prompt is None else negative_prompt
+    """Compress ``instruction`` (and render ``attributes``) into a prompt with token ids.
+
+    ``instruction`` may be empty when ``attributes`` are given; otherwise InvalidInput is raised
+    for empty, over-long or control-character text. ``negative_prompt`` replaces the default
+    face negative; items set to False (``glasses=False``, "remove the glasses") are appended to
+    it. ``style`` is "compact" or "kv" (every attribute as ``key:value``).
+    """
+    if overflow not in OVERFLOW_MODES:
+        raise InvalidInput("overflow", f"must be one of {OVERFLOW_MODES}, got {overflow!r}")
+    if attributes is not None and not isinstance(attributes, dict):
+        raise InvalidInput("ATTRIBUTES", "must be a JSON object of attribute: value")
+    if attributes and not (instruction or "").strip():
+        text = ""
+    else:
+        text = check_instruction(instruction)
+    prompt, negatives, merged, result = _compose(text, attributes, style)
+    if not prompt:
+        raise InvalidInput("INSTRUCTION", "has no describable content after optimisation")
+    negative = DEFAULT_NEGATIVE if negative_prompt is None else negative_prompt.strip()
+    for item in negatives:
+        if item not in negative.split(", "):
+            negative = f"{negative}, {item}" if negative else item
     warnings: list[str] = []
     prompt_ids = encode_chunks(tokenizer, prompt, overflow, warnings)
-    negative_ids = encode_chunks(tokenizer, negative, "truncate", [])
+    negative_ids = encode_chunks(tokenizer, negative, "chunk", [])
+    if len(negative_ids) > len(prompt_ids):
+        warnings.append(f"negative prompt truncated to {len(prompt_ids)} chunk(s)")
+        negative_ids = negative_ids[: len(prompt_ids)]
     while len(negative_ids) < len(prompt_ids):
         negative_ids.append(encode_chunks(tokenizer, "", "truncate", [])[0])
+    source = text or prompt
     count = lambda t: len(tokenizer(t, add_special_tokens=False)["input_ids"])  # noqa: E731
     return OptimizedPrompt(
         prompt=prompt,
         negative_prompt=negative,
-        tokens_before=count(text),
+        tokens_before=count(source),
         tokens_after=count(prompt),
         prompt_ids=prompt_ids,
         negative_ids=negative_ids,
+        attributes=merged,
         warnings=warnings,
+        removed=result.removed,
+        canonicalised=result.canonicalised,
+        overflow=overflow,
     )

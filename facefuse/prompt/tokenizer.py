@@ -49,7 +49,7 @@ def clip_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return {tok: i for i, tok in enumerate(tokens)}, merges
 
 
-def build_clip_tokenizer(pad_token: str = "<|endoftext|>"):
+def build_clip_tokenizer(pad_token: str = "<|endoftext|>"):  # noqa: S107 (a token, not a secret)
     """A transformers ``CLIPTokenizer`` with the real CLIP vocabulary (SD 1.x pads with eos)."""
     from transformers import CLIPTokenizer
 
@@ -60,7 +60,7 @@ def build_clip_tokenizer(pad_token: str = "<|endoftext|>"):
 
 
 def load_tokenizer(model_dir: str | Path | None = None):
-    """Load ``model_dir/tokenizer`` (a diffusers folder) or, with None, the embedded CLIP tokenizer."""
+    """Load ``model_dir/tokenizer`` (a diffusers folder), or the embedded CLIP tokenizer if None."""
     if model_dir is None:
         return build_clip_tokenizer()
     from transformers import CLIPTokenizer

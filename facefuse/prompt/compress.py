@@ -1,0 +1,394 @@
+"""Prompt compression that keeps meaning: fewer CLIP tokens, same subjects, attributes and styles.
+
+The steps, each a pure function of the text (deterministic, no network, no model):
+
+1. :func:`normalize` — Unicode NFKC, lower case (CLIP lower-cases anyway), full-width
+   punctuation, "8 k" -> "8k", "wet - on - wet" -> "wet-on-wet" (same CLIP tokens, one word).
+2. :func:`split_tags` — comma/semicolon/sentence/bracket separated tags.
+3. per tag: meta instructions ("please create", "I want") and fillers ("kind of", "in the
+   style of X" -> "X style", "portrait of X" -> "portrait X") are rewritten; quality
+   boilerplate is mapped to one canonical set (:data:`~facefuse.prompt.lexicon.BOILERPLATE`),
+   each class once (a one-word member such as "hd" is kept as written, never expanded);
+   articles, pronouns, auxiliaries, "with" and "and" (outside fixed expressions such as
+   "black and white") are dropped.
+4. repeated tags are removed (also a one-word tag that another tag holds), the first short
+   tag naming the subject is moved first.
+5. tags are joined. A comma costs one CLIP token per tag (17% of the tokens of real tag
+   prompts), so the compact join uses a space and keeps commas only where items would blur
+   (see :func:`join_tags`); ``separator=", "`` keeps every comma.
+
+Content words (see :mod:`facefuse.prompt.evaluate`) are never dropped except as duplicates or
+canonicalised boilerplate; every dropped word is reported in :attr:`Compression.removed`.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+
+from facefuse.prompt.lexicon import (
+    ART_SITES,
+    BINOMIALS,
+    BOILERPLATE,
+    DROP_ALWAYS,
+    FUNCTION_WORDS,
+    IDENTITY_NOUNS,
+    MEDIUM_NOUNS,
+    NEGATIONS,
+    TAG_ONLY,
+)
+
+SEPARATORS = ("compact", ", ", " ")
+IDENTITY_TAG_MAX_WORDS = 6  # a longer tag is a scene, not an identity attribute
+
+_PUNCT_MAP = str.maketrans(
+    {
+        "，": ",",
+        "、": ",",
+        "；": ";",
+        "。": ".",
+        "：": ":",
+        "！": "!",
+        "？": "?",
+        "“": " ",
+        "”": " ",
+        '"': " ",
+        "‘": "'",
+        "’": "'",
+        "`": " ",
+        "…": ".",
+        "(": " ",
+        ")": " ",
+        "[": " ",
+        "]": " ",
+        "{": " ",
+        "}": " ",
+        "<": " ",
+        ">": " ",
+        "*": " ",
+        "~": " ",
+        "#": " ",
+        "_": " ",
+        "\\": " ",
+        "=": " ",
+        "^": " ",
+    }
+)
+# A1111 weighted emphasis "(red hair:1.2)" is kept verbatim as one tag.
+_WEIGHTED = re.compile(r"\(([^()]{1,200}?):\s*(\d+(?:\.\d+)?)\)")
+_TAG_SPLIT = re.compile(r"\s*(?:[,;|\n]|\.(?!\d)|(?<=\s)!+|\?+|\s:\s|::|:\s*:|\s[-+]\s)\s*")
+_SPACE = re.compile(r"\s+")
+_HYPHEN = re.compile(r"(?<=[^\W\d_])-(?=[^\W\d_])")
+
+
+def _join_spaced(text: str) -> str:
+    """Undo the spaced digits and hyphens of scraped prompts ("1 7 th", "3 d", "head - on")."""
+    text = re.sub(r"(?<=\d) (?=\d)", "", text)
+    text = re.sub(r"(?<=\d) (k|d|th|st|nd|rd|mm|px|yo|p|x)\b", r"\1", text)
+    text = re.sub(r"(?<=\d)\. (?=\d)", ".", text)
+    text = re.sub(r"(?<=\w) / (?=\w)", "/", text)
+    text = re.sub(r"(?<=\w) - (?=\w)", "-", text)
+    text = re.sub(r"(?<=\b\w) & (?=\w\b)", "&", text)
+    return text
+
+
+def normalize(text: str) -> str:
+    """NFKC, lower case, ASCII punctuation, joined spaced digits; keeps every word."""
+    text = unicodedata.normalize("NFKC", text)
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else " " for ch in text)
+    text = text.lower()
+    weighted: list[str] = []
+
+    def _protect(match: re.Match) -> str:
+        weighted.append(f"({_SPACE.sub(' ', match.group(1).strip())}:{match.group(2)})")
+        return f",\x01{len(weighted) - 1}\x01,"
+
+    text = _WEIGHTED.sub(_protect, text)
+    text = text.translate(_PUNCT_MAP)
+    text = _SPACE.sub(" ", text).strip()
+    text = _join_spaced(text)
+    for i, chunk in enumerate(weighted):
+        text = text.replace(f"\x01{i}\x01", chunk)
+    return text
+
+
+def split_tags(text: str) -> list[str]:
+    """Split normalised text into tags at commas, semicolons, sentence ends and ' : '."""
+    return [t for t in (p.strip(" '-+:/&.") for p in _TAG_SPLIT.split(text)) if t]
+
+
+def _alternation(phrases) -> str:
+    ordered = sorted(set(phrases), key=lambda p: (-len(p), p))
+    return "|".join(re.escape(p).replace(r"\ ", r"[\s-]+") for p in ordered)
+
+
+_SITE_CANON = {s: s.replace("cg society", "cgsociety").split(" contest")[0] for s in ART_SITES}
+_SITE_RE = re.compile(
+    r"(?<![\w-])(?:(?:trending|featured|popular|top|as seen) (?:on|in) )?"
+    rf"(?P<site>{_alternation(ART_SITES)})"
+    r"(?: (?:hq|hd|trending|contest winner|winner))?(?![\w-])"
+)
+_BP_CLASS = {m: canon for canon, members in BOILERPLATE.items() for m in members}
+_BP_RE = re.compile(
+    rf"(?<![\w-])(?:{_alternation(m for m in _BP_CLASS if m not in TAG_ONLY)})(?![\w-])"
+)
+_BINOMIAL_RE = re.compile(
+    rf"(?<![\w-])(?:{_alternation(BINOMIALS)})(?![\w-])".replace("the ", "(?:the )?")
+)
+
+# Rewrites of a whole tag, applied in order: (pattern, replacement).
+# Rewrites of a whole tag, applied in order: (pattern, replacement, words that must occur for
+# the pattern to be tried at all; a cheap guard that keeps compression well under 1 ms).
+_PHRASE_RULES: tuple[tuple[re.Pattern, str, frozenset[str]], ...] = tuple(
+    (re.compile(p), r, frozenset(t.split()))
+    for p, r, t in (
+        # meta instructions to the generator at the start of a tag
+        (
+            r"^(?:(?:please|kindly) )?(?:(?:can|could|would|will) you (?:please )?)?"
+            r"(?:i (?:want|need|would like|'d like|d like|wish for|am looking for) "
+            r"(?:you to |to (?:see|get|have) )?)?(?:(?:please )?(?:generate|create|produce|"
+            r"give me|show me|draw me|paint me|render me|make me|make) (?=(?:a|an|the|me|"
+            r"some|one|this|my) ))?",
+            "",
+            "please kindly can could would will i generate create produce give show draw paint "
+            "render make",
+        ),
+        (r"^(?:please )?(?:generate|create|produce) ", "", "generate create produce"),
+        (r"\bmake sure (?:that )?", "", "make"),
+        (r"\bmake (?:it|this|the (?:image|picture|photo)) (?:look )?(?:like )?", "", "make"),
+        (
+            r"\b(?:it|this|the image|the picture|the photo) should (?:look like|be|have|feel) ",
+            "",
+            "should",
+        ),
+        (r"\b(?:kind|sort) of\b", "", "kind sort"),
+        (r"^(?:(?:an?|the) )?(?:image|picture)(?: of)? (?=\w)", "", "image picture"),
+        (
+            r"\b(?:about|around|approximately|roughly|maybe) (?=\d)",
+            "",
+            "about around approximately roughly maybe",
+        ),
+        # "portrait in the style of X" -> "portrait X style"
+        (
+            r"^(?P<pre>.*?)\b(?:in )?(?:the )?style of (?P<what>.+)$",
+            r"\g<pre> \g<what> style",
+            "style",
+        ),
+    )
+)
+
+
+@dataclass
+class Compression:
+    """A compressed prompt and what happened to the words of the original."""
+
+    text: str
+    tags: list[str]
+    removed: list[str] = field(default_factory=list)  # content words dropped (duplicates)
+    canonicalised: list[tuple[str, str]] = field(default_factory=list)  # (original, canonical)
+
+
+def _is_content(word: str) -> bool:
+    return bool(re.search(r"\w", word)) and (word in NEGATIONS or word not in FUNCTION_WORDS)
+
+
+class _Canon:
+    """Tracks which boilerplate classes and tags a prompt has emitted already."""
+
+    def __init__(self) -> None:
+        self.emitted: set[str] = set()
+        self.canonicalised: list[tuple[str, str]] = []
+        self.removed: list[str] = []
+
+    def mark(self, original: str, canon: str) -> str:
+        """Placeholder for a boilerplate occurrence: canonical on first use, else empty."""
+        original = _SPACE.sub(" ", original.replace("-", " ")).strip()
+        key = "bp:" + canon
+        if key in self.emitted:
+            self.canonicalised.append((original, ""))
+            return " "
+        self.emitted.add(key)
+        shown = canon.split(":", 1)[1] if canon.startswith("site:") else canon
+        if " " not in original:
+            shown = original  # "hd" stays "hd" (CLIP reads "8k" as two tokens): never add any
+        if original != shown:
+            self.canonicalised.append((original, shown))
+        return " \x02" + shown.replace(" ", "\x03") + "\x02 "
+
+
+def _has_meaning(word: str) -> bool:
+    """A word has a letter, digit, placeholder or pictograph (CLIP has emoji tokens)."""
+    return any(ch.isalnum() or ch in "\x02&" or unicodedata.category(ch) == "So" for ch in word)
+
+
+def _rewrite_tag(tag: str, canon: _Canon) -> list[str]:
+    """Return the kept words of one tag (boilerplate already canonical)."""
+    if tag.startswith("(") and tag.endswith(")"):
+        return [tag]  # weighted emphasis, verbatim
+    whole = tag.replace("-", " ")
+    whole = _SPACE.sub(" ", whole)
+    if whole in _BP_CLASS:
+        marked = canon.mark(whole, _BP_CLASS[whole])
+        return [marked.strip()] if marked.strip() else []
+    present = set(tag.split())
+    for pattern, repl, triggers in _PHRASE_RULES:
+        if triggers & present:
+            tag = pattern.sub(repl, tag).strip()
+            present = set(tag.split())
+    tag = _SITE_RE.sub(lambda m: canon.mark(m.group(0), "site:" + _SITE_CANON[m["site"]]), tag)
+    tag = _BP_RE.sub(lambda m: canon.mark(m.group(0), _BP_CLASS[_norm_bp(m.group(0))]), tag)
+    tag = _HYPHEN.sub(" ", tag)  # "full-body" -> "full body": CLIP spends a token on "-"
+    tag = _BINOMIAL_RE.sub(lambda m: m.group(0).replace(" ", "\x04"), tag)
+    words: list[str] = []
+    raw = tag.split()
+    for i, word in enumerate(raw):
+        word = word.strip("'.:/+-")
+        if not word or not _has_meaning(word):
+            continue
+        if word in DROP_ALWAYS:
+            continue
+        if word == "of" and i > 0 and raw[i - 1] in MEDIUM_NOUNS:
+            continue
+        if words and word == words[-1] and _is_content(word):
+            canon.removed.append(word)  # "cute cute" -> "cute"
+            continue
+        words.append(word.replace("\x04", " "))
+    return words
+
+
+def _norm_bp(phrase: str) -> str:
+    return _SPACE.sub(" ", phrase.replace("-", " ")).strip() if phrase not in _BP_CLASS else phrase
+
+
+# hyphenated members are matched with [\s-]+; map both spellings to their class
+for _member, _canon in list(_BP_CLASS.items()):
+    _BP_CLASS.setdefault(_member.replace("-", " "), _canon)
+
+
+def _render(word: str) -> str:
+    if word.startswith("\x02"):
+        return word.strip("\x02").replace("\x03", " ")
+    return word
+
+
+_CANON_WORDS = frozenset(w for canon in BOILERPLATE for w in canon.split())
+
+
+def _drop_subsumed(tags: list[list[str]], canon: _Canon) -> list[list[str]]:
+    """Drop a one-word tag that another tag already holds ("fantasy" next to "fantasy art"),
+    and "art" of "art by X" when the prompt says "art" elsewhere."""
+    texts = [" " + " ".join(t) + " " for t in tags]
+    kept: list[list[str]] = []
+    for i, tag in enumerate(tags):
+        phrase = texts[i]
+        holders = [j for j, other in enumerate(texts) if j != i and phrase in other]
+        holders = holders if len(tag) == 1 else []  # a longer tag may carry its own emphasis
+        if (
+            holders
+            and not set(phrase.split()) & _CANON_WORDS
+            and any(j < i or texts[j] != phrase for j in holders)
+        ):
+            canon.removed.extend(w for w in tag if _is_content(w))
+            texts[i] = " \x00 "  # a removed tag holds nothing
+            continue
+        kept.append(tag)
+    art_elsewhere = sum(" art " in t for t in texts) > 1
+    if art_elsewhere:
+        for n, tag in enumerate(kept):
+            if len(tag) > 2 and tag[0] == "art" and tag[1] == "by":
+                kept[n] = tag[1:]
+                canon.removed.append("art")
+                break
+    return kept
+
+
+def _names_subject(tag: list[str]) -> bool:
+    return any(w in IDENTITY_NOUNS for w in " ".join(tag).split())
+
+
+def _identity_first(tags: list[list[str]]) -> list[list[str]]:
+    """Move the first short tag that names the subject to the front, unless the first does."""
+    if not tags or _names_subject(tags[0]):
+        return tags
+    for i, tag in enumerate(tags):
+        if len(tag) <= IDENTITY_TAG_MAX_WORDS and _names_subject(tag):
+            return [tag, *tags[:i], *tags[i + 1 :]]
+    return tags
+
+
+def compress(text: str, *, separator: str = "compact", identity_first: bool = True) -> Compression:
+    """Compress a prompt; see the module docstring for the steps. Never raises on str input."""
+    if separator not in SEPARATORS:
+        raise ValueError(f"separator must be one of {SEPARATORS}, got {separator!r}")
+    canon = _Canon()
+    tags: list[list[str]] = []
+    seen: set[str] = set()
+    for raw in split_tags(normalize(text)):
+        words = [_render(w) for w in _rewrite_tag(raw, canon)]
+        words = [w for w in words if w]
+        if not words:
+            continue
+        key = " ".join(words)
+        if key in seen:
+            canon.removed.extend(w for w in words if _is_content(w))
+            continue
+        seen.add(key)
+        tags.append(words)
+    tags = _drop_subsumed(tags, canon)
+    if identity_first:
+        tags = _identity_first(tags)
+    phrases = [" ".join(t) for t in tags]
+    return Compression(
+        text=join_tags(tags, separator),
+        tags=phrases,
+        removed=canon.removed,
+        canonicalised=canon.canonicalised,
+    )
+
+
+_ADJECTIVAL = re.compile(r"(?:ed|ic|al|ous|ful|ive|ing|ant|ent|less|ish|ible|able|ese|ian|ly|est)$")
+
+
+def _noun_like(tag: list[str]) -> bool:
+    return len(tag) == 1 and not _ADJECTIVAL.search(tag[0]) and tag[0][:1].isalpha()
+
+
+LIST_LIKE_WORDS_PER_TAG = 1.9  # a prompt of shorter tags on average is a list of items
+
+
+def _nounish(tag: list[str]) -> bool:
+    return len(tag) > 1 or not _ADJECTIVAL.search(tag[0])
+
+
+def join_tags(tags: list[list[str]], separator: str = "compact") -> str:
+    """Join tags.
+
+    "compact" joins with a space, since a comma is one CLIP token per tag. It keeps a comma
+    where two one-word noun tags meet ("fire, mask" must not read as a "fire mask"), where two
+    numbers would merge ("iso 100, 35mm"), and, in list-like prompts (short tags, on average
+    at most :data:`LIST_LIKE_WORDS_PER_TAG` words), between any two noun tags of one or two
+    words ("real estate, blender"), where merging would blur the items most.
+    """
+    if separator != "compact":
+        return separator.join(" ".join(t) for t in tags)
+    list_like = sum(len(t) for t in tags) <= LIST_LIKE_WORDS_PER_TAG * len(tags)
+    out: list[str] = []
+    for i, tag in enumerate(tags):
+        if i:
+            prev = tags[i - 1]
+            comma = (
+                (prev[-1][-1:].isdigit() and tag[0][:1].isdigit())
+                or (_noun_like(prev) and _noun_like(tag))
+                or (
+                    list_like
+                    and len(prev) <= 2
+                    and len(tag) <= 2
+                    and _nounish(prev)
+                    and _nounish(tag)
+                )
+            )
+            out.append(", " if comma else " ")
+        out.append(" ".join(tag))
+    return "".join(out)
