@@ -40,12 +40,19 @@ def register(subparsers) -> None:
         "--precision",
         choices=PRECISIONS,
         default="fp32",
-        help="variant written beside the fp32 reference: int8 (cpu: model.int8.onnx, dynamic "
-        "MatMul/Gemm) or fp16 (gpu: model.fp16.onnx + TensorRT model.plan); also generates "
-        "<model>_<precision> folders for A/B routing and FP32 fallback",
+        help="variant written beside the fp32 reference: int8 (cpu: unet model.int8.onnx, dynamic "
+        "MatMul/Gemm; always written, it is what the CPU config serves) or fp16 (gpu: "
+        "model.fp16.onnx + TensorRT model.plan)",
     )
     parser.add_argument(
         "--target", choices=TARGETS, default="cpu", help="hardware the artefacts are built for"
+    )
+    parser.add_argument(
+        "--variant-models",
+        action="store_true",
+        help="also generate <model>_<precision> folders (A/B candidate: `candidate_variant`) "
+        "and, for --target gpu, <model>_fp32 folders (FP32 fallback: `fallback_margin_mb`); "
+        "Triton loads every folder, so each costs its memory even when unused",
     )
     parser.add_argument(
         "--no-engine",
@@ -108,13 +115,7 @@ def _export_variant(args, components, console) -> None:
     from facefuse.export.repository import write_variant_models
 
     if args.target == "cpu":
-        from facefuse.export.quantize import export_cpu_variant
-
-        for r in export_cpu_variant(args.out, args.precision):
-            console.print(
-                f"{args.precision}: {r.path.relative_to(args.out)} "
-                f"{r.source_bytes / 1e6:.1f} MB -> {r.bytes / 1e6:.1f} MB"
-            )
+        pass  # the INT8 UNet is written by export_repository: it is the CPU default
     else:
         from facefuse.export.gpu import export_gpu_variant
 
@@ -125,8 +126,12 @@ def _export_variant(args, components, console) -> None:
             args.out, args.precision, manifest, {"unet": 16}, engines=not args.no_engine
         ):
             console.print(f"{r.kind}: {r.path.relative_to(args.out)} ({r.detail})")
-        write_variant_models(args.out, "fp32")  # the FP32 fallback models
-    for folder in write_variant_models(args.out, args.precision):
+    if not args.variant_models:
+        return
+    generated = write_variant_models(args.out, args.precision)
+    if args.target == "gpu":
+        generated += write_variant_models(args.out, "fp32")  # the FP32 fallback models
+    for folder in generated:
         console.print(f"variant model folder: {folder.relative_to(args.out)}")
 
 

@@ -60,6 +60,14 @@ def model_identity(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def _export_int8_unet(root: Path) -> None:
+    """``unet/1/model.int8.onnx``: dynamic INT8 on MatMul/Gemm, what ``unet/config.pbtxt``
+    serves on CPU (``onnx_file``); ``facefuse quality`` gates it against ``model.onnx``."""
+    from facefuse.export.quantize import export_cpu_variant
+
+    export_cpu_variant(root, "int8")
+
+
 def _export_kv(text_encoder, folder: Path) -> ExportResult:
     """The prefix/suffix graphs of the exact prefix cache, checked against the full forward."""
     import json
@@ -99,6 +107,8 @@ def export_repository(
     for name, run in steps:
         progress(name)
         results.append(run())
+    progress("unet INT8 (the default CPU serving variant)")
+    _export_int8_unet(paths.root)
     progress("text_encoder prefix-KV graphs")
     results.append(_export_kv(components.text_encoder, paths.onnx("text_encoder").parent))
     progress("tokenizer and manifests")

@@ -60,6 +60,14 @@ def set_parameter(config: str, key: str, value: str) -> str:
     return config.rstrip("\n") + "\n" + entry + "\n"
 
 
+def get_parameter(config: str, key: str, default: str = "") -> str:
+    """The ``string_value`` of parameter ``key`` in a pbtxt, or ``default``."""
+    match = re.search(
+        rf'key:\s*"{re.escape(key)}",?\s*value:\s*{{\s*string_value:\s*"((?:[^"\\]|\\.)*)"', config
+    )
+    return match.group(1) if match else default
+
+
 def without_dynamic_batching(config: str) -> str:
     return re.sub(r"dynamic_batching\s*{[^}]*}\s*", "", config)
 

@@ -31,6 +31,9 @@ class Limits:
     min_guidance: float = 1.0
     max_guidance: float = 30.0
     max_seed: int = 2**63 - 1
+    # raw tensors sent straight to the component models (unet, vae_*, text_encoder)
+    max_tensor_side: int = 1024  # pixel side of an image tensor; latents: this // 8
+    max_context_tokens: int = 77 * 16  # rows of encoder_hidden_states per sample
 
     def __post_init__(self) -> None:
         if self.max_image_bytes <= 0 or self.max_image_pixels <= 0:
@@ -98,3 +101,47 @@ def check_instruction(
     if any(ord(c) < 32 and c not in "\t\n\r" for c in stripped):
         raise InvalidInput(field, "must not contain control characters")
     return stripped
+
+
+def check_optional_text(
+    text: str | None, field: str, limits: Limits = DEFAULT_LIMITS
+) -> str | None:
+    """Like :func:`check_instruction` for optional text (NEGATIVE_PROMPT): empty is allowed."""
+    if text is None or not text.strip():
+        return text
+    return check_instruction(text, field=field, limits=limits)
+
+
+def check_tensor(
+    field: str,
+    shape: tuple[int, ...],
+    expected: list,
+    *,
+    spatial_multiple: int = 1,
+    max_side: int | None = None,
+    max_sequence: int | None = None,
+) -> None:
+    """Check a raw tensor's shape against an ONNX input signature before running the graph.
+
+    ``expected`` is the graph's shape (ints fixed, strings or None symbolic, batch first).
+    Refuses: another rank, a fixed dimension that differs, any empty dimension, spatial
+    sides (the last two of a 4-D tensor) over ``max_side`` or not a multiple of
+    ``spatial_multiple``, a sequence (the middle of a 3-D tensor) over ``max_sequence``.
+    """
+    if len(shape) != len(expected):
+        raise InvalidInput(field, f"must have {len(expected)} dimensions, got shape {list(shape)}")
+    for axis, (got, want) in enumerate(zip(shape, expected)):
+        if isinstance(want, int) and want > 0 and got != want:
+            raise InvalidInput(field, f"dimension {axis} must be {want}, got shape {list(shape)}")
+        if got < 1:
+            raise InvalidInput(field, f"must not have an empty dimension, got shape {list(shape)}")
+    if len(shape) == 4:
+        for side in shape[2:]:
+            if max_side is not None and side > max_side:
+                raise InvalidInput(field, f"spatial sides must be at most {max_side}, got {side}")
+            if side % spatial_multiple:
+                raise InvalidInput(
+                    field, f"spatial sides must be multiples of {spatial_multiple}, got {side}"
+                )
+    if len(shape) == 3 and max_sequence is not None and shape[1] > max_sequence:
+        raise InvalidInput(field, f"sequence must be at most {max_sequence} rows, got {shape[1]}")

@@ -25,6 +25,8 @@ from pathlib import Path
 from facefuse.errors import FacefuseError
 
 ADMIN_HEADER = "facefuse-admin-key"
+# gRPC clients send the key under this name: Triton prefixes restricted-protocol headers
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 RESTRICTED_APIS = ("model-repository", "shared-memory")
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from facefuse.diffusion.loop import DenoiseCancelled
 from facefuse.errors import InvalidInput, tag_invalid, untag_invalid
 
 log = logging.getLogger("facefuse.triton")
@@ -75,6 +76,10 @@ def error_response(exc: BaseException, model: str):
         return pb.InferenceResponse(
             error=pb.TritonError(tag_invalid(str(exc)), pb.TritonError.INVALID_ARG)
         )
+    if isinstance(exc, DenoiseCancelled):  # the client cancelled: no traceback, not a fault
+        log.warning("%s: %s", model, exc)
+        code = getattr(pb.TritonError, "CANCELLED", pb.TritonError.UNAVAILABLE)
+        return pb.InferenceResponse(error=pb.TritonError(f"{model}: {exc}", code))
     log.exception("%s: request failed", model)
     message = f"{model}: internal error: {type(exc).__name__}: {exc}".splitlines()[0]
     return pb.InferenceResponse(error=pb.TritonError(message))

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from facefuse import metrics
+from facefuse.limits import DEFAULT_LIMITS, check_tensor
+from facefuse.memory import check_cpu_fits
 from facefuse.runtime import SessionOptions, open_session, run_batched
 from facefuse.triton_io import TritonMetric, error_response, pb_utils
 
@@ -27,6 +29,10 @@ class OnnxTritonModel:
     OUTPUTS: tuple[str, ...] = ()
     # per-input cast/reshape applied to each request's array before batching
     FLATTEN: tuple[str, ...] = ()
+    # shape checks before the graph runs (facefuse.limits.check_tensor): spatial sides must
+    # be multiples of SPATIAL_MULTIPLE and at most Limits.max_tensor_side // SIDE_SCALE
+    SPATIAL_MULTIPLE: int = 1
+    SIDE_SCALE: int = 1  # 8 for latents
 
     def initialize(self, args: dict) -> None:
         config = json.loads(args["model_config"])
@@ -37,7 +43,10 @@ class OnnxTritonModel:
             inter_op_threads=int(params.get("inter_op_threads", "1")),
         )
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.session = open_session(version_dir / params.get("onnx_file", ONNX_FILE), options)
+        graph = version_dir / params.get("onnx_file", ONNX_FILE)
+        if params.get("check_memory", "true").lower() == "true":
+            check_cpu_fits(graph)  # refuse a variant that would not fit (facefuse.memory)
+        self.session = open_session(graph, options)
         self.max_rows = int(config.get("max_batch_size", 0)) or None
         self._init_metrics()
 
@@ -62,7 +71,21 @@ class OnnxTritonModel:
         for name in self.INPUTS:
             array = pb.get_input_tensor_by_name(request, name).as_numpy()
             arrays[name] = array.reshape(-1) if name in self.FLATTEN else array
+            self._check_shape(name, arrays[name].shape)
         return arrays
+
+    def _check_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        """Refuse a shape the graph cannot run (InvalidInput naming the input), not a 500."""
+        graph = {i.name.lower(): i.shape for i in self.session.get_inputs()}
+        if name.lower() in graph:
+            check_tensor(
+                name,
+                shape,
+                graph[name.lower()],
+                spatial_multiple=self.SPATIAL_MULTIPLE,
+                max_side=DEFAULT_LIMITS.max_tensor_side // self.SIDE_SCALE,
+                max_sequence=DEFAULT_LIMITS.max_context_tokens,
+            )
 
     def execute(self, requests):
         pb = pb_utils()

@@ -205,9 +205,15 @@ def run_in_process(repository: Path, levels, counts, source, target) -> dict:
     from facefuse.diffusion.manifest import PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline, params_from
     from facefuse.diffusion.stages import local_stages
+    from facefuse.export.variants import get_parameter
 
     manifest = PipelineManifest.load(repository / "facefusion" / "1" / "pipeline.json")
-    pipeline = Pipeline(local_stages(repository), manifest)
+    served = get_parameter((repository / "unet" / "config.pbtxt").read_text(), "onnx_file")
+    template = get_parameter(
+        (repository / "prompt_optimizer" / "config.pbtxt").read_text(), "prompt_template"
+    )
+    variant = "int8" if served == "model.int8.onnx" else "fp32"
+    pipeline = Pipeline(local_stages(repository, variant=variant, template=template), manifest)
     lock = threading.Lock()
 
     def call(index: int) -> None:

@@ -16,10 +16,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from facefuse.errors import FacefuseError
+
 SCHEDULERS = ("dpm++", "ddim", "euler")
 DEFAULT_SCHEDULER = "dpm++"
 
 UnetFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+class DenoiseCancelled(FacefuseError):
+    """``LoopRequest.should_stop`` said stop (the client cancelled): the loop ran no more steps."""
+
+    def __init__(self, steps_run: int, steps_total: int):
+        self.steps_run = steps_run
+        super().__init__(f"request cancelled after {steps_run} of {steps_total} denoising steps")
 
 
 def make_scheduler(name: str, config: dict):
@@ -53,6 +63,9 @@ class LoopRequest:
     latent_mask: np.ndarray | None = None  # [1, h, w] in [0, 1]; 1 = regenerate
     latent_shape: tuple[int, int, int] = (4, 64, 64)
     cfg_truncation: float = 0.0  # skip the unconditional half for this last fraction of steps
+    # checked before every step; True stops the loop with DenoiseCancelled (in Triton:
+    # ``request.is_cancelled``), so a cancelled request frees its slot at the next step
+    should_stop: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -96,6 +109,8 @@ def denoise(unet: UnetFn, scheduler, request: LoopRequest) -> LoopResult:
     guided_steps = len(timesteps) - int(len(timesteps) * r.cfg_truncation)
     calls = rows = 0
     for i, t in enumerate(timesteps):
+        if r.should_stop is not None and r.should_stop():
+            raise DenoiseCancelled(i, len(timesteps))
         model_input = scheduler.scale_model_input(latents, t).numpy()
         use_cfg = r.guidance > 1.0 and i < guided_steps
         if use_cfg:

@@ -93,11 +93,25 @@ class Pipeline:
     """Runs face fusion and txt2img over :class:`Stages` for one exported model."""
 
     def __init__(
-        self, stages: Stages, manifest: PipelineManifest, scheduler: str = DEFAULT_SCHEDULER
+        self,
+        stages: Stages,
+        manifest: PipelineManifest,
+        scheduler: str = DEFAULT_SCHEDULER,
+        adaptive_steps: bool = False,
+        cfg_truncation: float = 0.0,
+        variant: str = "fp32",
     ):
+        """``adaptive_steps``: fusion requests that give no STEPS (``fuse(..., auto_steps=
+        True)``) get 15..30 steps from the face's complexity (:mod:`.adaptive`).
+        ``cfg_truncation``: skip the unconditional half for this last fraction of steps."""
+        if not 0.0 <= cfg_truncation <= 1.0:
+            raise ValueError(f"cfg_truncation must be in [0, 1], got {cfg_truncation}")
         self.stages = stages
         self.manifest = manifest
         self.scheduler_name = scheduler
+        self.adaptive_steps = adaptive_steps
+        self.cfg_truncation = cfg_truncation
+        self.variant = variant  # reported in INFO (A/B routing, FP32 fallback)
         make_scheduler(scheduler, manifest.scheduler_config)  # fail at load on a bad name
 
     def _encode_prompt(self, timer: Timer, instruction: str):
@@ -116,14 +130,31 @@ class Pipeline:
         return timer.run("denoise", denoise, self.stages.unet, scheduler, request)
 
     def fuse(
-        self, source: bytes, target: bytes, instruction: str, params: GenerationParams
+        self,
+        source: bytes,
+        target: bytes,
+        instruction: str,
+        params: GenerationParams,
+        auto_steps: bool = False,
+        should_stop: Callable[[], bool] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-        """Returns (fused crop HxWx3 in [0,1], mask, crop_box, info); the caller pastes back."""
+        """Returns (fused crop HxWx3 in [0,1], mask, crop_box, info); the caller pastes back.
+
+        With ``auto_steps`` and adaptive steps on, ``params.steps`` is replaced by the steps
+        chosen from the masked composite's complexity (reported in ``info["adaptive"]``)."""
         timer = Timer()
         size = self.manifest.image_size
         composite, mask, crop_box = timer.run(
             "face", self.stages.analyze_faces, source, target, size
         )
+        adaptive = None
+        if auto_steps and self.adaptive_steps:
+            from dataclasses import replace
+
+            from facefuse.diffusion.adaptive import measure
+
+            adaptive = timer.run("adaptive", measure, composite, mask)
+            params = replace(params, steps=adaptive.steps)
         cond, uncond, info = self._encode_prompt(timer, instruction)
         init = timer.run("vae_encoder", self.stages.encode_image, to_nchw(composite))
         request = LoopRequest(
@@ -135,14 +166,27 @@ class Pipeline:
             strength=params.strength,
             init_latents=init[0],
             latent_mask=latent_mask(mask, self.manifest.latent_size),
+            cfg_truncation=self.cfg_truncation,
+            should_stop=should_stop,
         )
         result = self._denoise(timer, request)
         decoded = timer.run("vae_decoder", self.stages.decode_latents, result.latents[None])
         info.update(self._loop_info(params, result), stage_ms=timer.ms)
+        info["steps_policy"] = "adaptive" if adaptive is not None else "fixed"
+        if adaptive is not None:
+            info["adaptive"] = adaptive.info()
         return from_nchw(decoded), mask, crop_box, info
 
-    def txt2img(self, prompt: str, params: GenerationParams) -> tuple[np.ndarray, dict]:
-        """Returns (image HxWx3 in [0,1], info); ``params.strength`` is ignored (always 1)."""
+    def txt2img(
+        self,
+        prompt: str,
+        params: GenerationParams,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> tuple[np.ndarray, dict]:
+        """Returns (image HxWx3 in [0,1], info); ``params.strength`` is ignored (always 1).
+
+        ``should_stop`` (both methods): checked before every denoising step, True raises
+        :class:`~facefuse.diffusion.loop.DenoiseCancelled` (client cancellation)."""
         timer = Timer()
         cond, uncond, info = self._encode_prompt(timer, prompt)
         s = self.manifest.latent_size
@@ -153,6 +197,8 @@ class Pipeline:
             guidance=params.guidance,
             seed=params.seed,
             latent_shape=(4, s, s),
+            cfg_truncation=self.cfg_truncation,
+            should_stop=should_stop,
         )
         result = self._denoise(timer, request)
         decoded = timer.run("vae_decoder", self.stages.decode_latents, result.latents[None])
@@ -168,6 +214,8 @@ class Pipeline:
             "guidance": params.guidance,
             "seed": params.seed,
             "unet_calls": result.unet_calls,
+            "cfg_truncation": self.cfg_truncation,
+            "variant": self.variant,
             "model_id": self.manifest.model_id,
         }
 

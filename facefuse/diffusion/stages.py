@@ -14,9 +14,15 @@ import numpy as np
 from facefuse.diffusion.pipeline import Stages
 
 
-def bls_stages() -> Stages:
-    """Stages that call the other models of the repository (inside a Python-backend stub)."""
+def bls_stages(models: dict[str, str] | None = None) -> Stages:
+    """Stages that call the other models of the repository (inside a Python-backend stub).
+
+    ``models`` maps ``unet``/``vae_encoder``/``vae_decoder`` to the Triton model to call
+    (``facefuse.variants.variant_model_names``: A/B candidate, FP32 fallback)."""
     from facefuse.triton_io import bls, bytes_array
+
+    names = {"unet": "unet", "vae_encoder": "vae_encoder", "vae_decoder": "vae_decoder"}
+    names.update({k: v for k, v in (models or {}).items() if k in names})
 
     def analyze_faces(source: bytes, target: bytes, size: int):
         out = bls(
@@ -43,7 +49,7 @@ def bls_stages() -> Stages:
         return out["LAST_HIDDEN_STATE"], out["CACHE_HIT_TOKENS"].reshape(-1)
 
     def encode_image(image: np.ndarray):
-        return bls("vae_encoder", {"image": image}, ("latent",))["latent"]
+        return bls(names["vae_encoder"], {"image": image}, ("latent",))["latent"]
 
     def unet(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
         inputs = {
@@ -51,28 +57,35 @@ def bls_stages() -> Stages:
             "timestep": timestep.reshape(-1, 1).astype(np.float32),
             "encoder_hidden_states": context,
         }
-        return bls("unet", inputs, ("noise_pred",))["noise_pred"]
+        return bls(names["unet"], inputs, ("noise_pred",))["noise_pred"]
 
     def decode_latents(latents: np.ndarray):
-        return bls("vae_decoder", {"latent": latents}, ("image",))["image"]
+        return bls(names["vae_decoder"], {"latent": latents}, ("image",))["image"]
 
     return Stages(analyze_faces, optimize_prompt, encode_text, encode_image, unet, decode_latents)
 
 
-def local_stages(repository: str | Path, intra_op_threads: int = 0) -> Stages:
-    """The same stages in-process: ORT sessions on the repository's ONNX files, no server."""
+def local_stages(
+    repository: str | Path, intra_op_threads: int = 0, variant: str = "fp32", template: str = ""
+) -> Stages:
+    """The same stages in-process: ORT sessions on the repository's ONNX files, no server.
+
+    ``variant`` picks the precision files (``facefuse.variants.variant_files``); ``template``
+    is the prompt optimizer's fixed prefix (its ``prompt_template`` parameter)."""
     from facefuse.face.fusion import prepare_fusion
     from facefuse.face.imageio import decode_image
+    from facefuse.memory import check_cpu_fits
     from facefuse.prompt.optimizer import optimize
     from facefuse.prompt.tokenizer import load_tokenizer
     from facefuse.runtime import SessionOptions, open_session
+    from facefuse.variants import variant_files
 
     root = Path(repository)
     options = SessionOptions(intra_op_threads=intra_op_threads)
-    sessions = {
-        name: open_session(root / name / "1" / "model.onnx", options)
-        for name in ("text_encoder", "unet", "vae_encoder", "vae_decoder")
-    }
+    sessions = {}
+    for name, file in variant_files(variant).items():
+        check_cpu_fits(root / name / "1" / file)  # a clear refusal instead of an OOM kill
+        sessions[name] = open_session(root / name / "1" / file, options)
     tokenizer = load_tokenizer(root / "prompt_optimizer" / "1")
 
     def analyze_faces(source: bytes, target: bytes, size: int):
@@ -82,7 +95,7 @@ def local_stages(repository: str | Path, intra_op_threads: int = 0) -> Stages:
         return plan.to_arrays()
 
     def optimize_prompt(instruction: str):
-        result = optimize(instruction, tokenizer)
+        result = optimize(instruction, tokenizer, template=template)
         ids = np.asarray(result.prompt_ids, dtype=np.int64)
         return ids, np.asarray(result.negative_ids, dtype=np.int64), result.info()
 

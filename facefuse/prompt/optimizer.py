@@ -47,6 +47,7 @@ class OptimizedPrompt:
     removed: list[str] = field(default_factory=list)
     canonicalised: list[tuple[str, str]] = field(default_factory=list)
     overflow: str = "truncate"
+    template: str = ""
 
     def info(self) -> dict:
         """JSON-able summary for the INFO output."""
@@ -57,6 +58,7 @@ class OptimizedPrompt:
             "tokens_after": self.tokens_after,
             "chunks": len(self.prompt_ids),
             "overflow": self.overflow,
+            "template": self.template,
             "attributes": dict(self.attributes),
             "removed": list(self.removed),
             "canonicalised": [list(pair) for pair in self.canonicalised],
@@ -119,6 +121,8 @@ def optimize(
     negative_prompt: str | None = None,
     attributes: dict | None = None,
     style: str = "compact",
+    template: str = "",
+    compress_text: bool = True,
 ) -> OptimizedPrompt:
     """Compress ``instruction`` (and render ``attributes``) into a prompt with token ids.
 
@@ -126,7 +130,14 @@ def optimize(
     for empty, over-long or control-character text. ``negative_prompt`` replaces the default
     face negative; items set to False (``glasses=False``, "remove the glasses") are appended to
     it. ``style`` is "compact" or "kv" (every attribute as ``key:value``).
+
+    ``template`` is a fixed deployment prefix put verbatim before the compact prompt (the
+    text encoder's prefix cache then reuses its keys/values for every request); it is not
+    counted in ``tokens_after``. ``compress_text=False`` sends the instruction as given (what
+    a deployment without prompt optimisation does; used by the benchmark baselines).
     """
+    if not compress_text:
+        return _verbatim(instruction, tokenizer, overflow, negative_prompt)
     if overflow not in OVERFLOW_MODES:
         raise InvalidInput("overflow", f"must be one of {OVERFLOW_MODES}, got {overflow!r}")
     if attributes is not None and not isinstance(attributes, dict):
@@ -143,7 +154,8 @@ def optimize(
         if item not in negative.split(", "):
             negative = f"{negative}, {item}" if negative else item
     warnings: list[str] = []
-    prompt_ids = encode_chunks(tokenizer, prompt, overflow, warnings)
+    sent = f"{template.strip()}, {prompt}" if template.strip() else prompt
+    prompt_ids = encode_chunks(tokenizer, sent, overflow, warnings)
     negative_ids = encode_chunks(tokenizer, negative, "chunk", [])
     if len(negative_ids) > len(prompt_ids):
         warnings.append(f"negative prompt truncated to {len(prompt_ids)} chunk(s)")
@@ -153,15 +165,38 @@ def optimize(
     source = text or prompt
     count = lambda t: len(tokenizer(t, add_special_tokens=False)["input_ids"])  # noqa: E731
     return OptimizedPrompt(
-        prompt=prompt,
+        prompt=sent,
         negative_prompt=negative,
         tokens_before=count(source),
         tokens_after=count(prompt),
+        template=template.strip(),
         prompt_ids=prompt_ids,
         negative_ids=negative_ids,
         attributes=merged,
         warnings=warnings,
         removed=result.removed,
         canonicalised=result.canonicalised,
+        overflow=overflow,
+    )
+
+
+def _verbatim(instruction: str, tokenizer, overflow: str, negative_prompt: str | None):
+    """The instruction as given, with the default negative prompt: no optimisation at all."""
+    text = check_instruction(instruction)
+    negative = DEFAULT_NEGATIVE if negative_prompt is None else negative_prompt.strip()
+    warnings: list[str] = []
+    prompt_ids = encode_chunks(tokenizer, text, overflow, warnings)
+    negative_ids = encode_chunks(tokenizer, negative, "truncate", [])
+    while len(negative_ids) < len(prompt_ids):
+        negative_ids.append(encode_chunks(tokenizer, "", "truncate", [])[0])
+    tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return OptimizedPrompt(
+        prompt=text,
+        negative_prompt=negative,
+        tokens_before=tokens,
+        tokens_after=tokens,
+        prompt_ids=prompt_ids,
+        negative_ids=negative_ids,
+        warnings=warnings,
         overflow=overflow,
     )

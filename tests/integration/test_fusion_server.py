@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from facefuse.client import Client, ClientError
 from PIL import Image
 from tritonclient.utils import InferenceServerException
-
-from facefuse.client import Client, ClientError
 
 pytestmark = pytest.mark.integration
 
@@ -95,8 +94,7 @@ def test_txt2img_over_http(server):
     assert result.info["steps_run"] == 3
 
 
-def _bad_requests(sample_images):
-    source, target = sample_images
+def _bad_requests():
     flat = image_bytes(np.full((256, 256, 3), 128, dtype=np.uint8))
     # a valid PNG whose header claims 5000 x 4000 pixels: over the 16.7 Mpx limit
     huge = image_bytes(np.zeros((4000, 5000, 3), dtype=np.uint8))
@@ -120,7 +118,7 @@ def test_bad_input_is_invalid_argument_and_server_keeps_serving(server, sample_i
     url = server.grpc_url if protocol == "grpc" else server.http_url
     client = module.InferenceServerClient(url)
     try:
-        for case, (override, field) in _bad_requests(sample_images).items():
+        for case, (override, field) in _bad_requests().items():
             args = {"source": source, "target": target, "instruction": INSTRUCTION}
             scalars = {"STEPS": 2, "SEED": 1}
             for key, value in override.items():

@@ -57,10 +57,10 @@ def test_batched_unet_forward_equals_one_by_one(tiny_repository):
 def test_open_session_names_the_missing_or_corrupt_file(tmp_path):
     from facefuse.errors import ModelLoadError
 
-    with pytest.raises(ModelLoadError, match="model.onnx"):
+    with pytest.raises(ModelLoadError, match=r"model\.onnx"):
         open_session(tmp_path / "model.onnx")
     (tmp_path / "bad.onnx").write_bytes(b"\x00not onnx")
-    with pytest.raises(ModelLoadError, match="bad.onnx"):
+    with pytest.raises(ModelLoadError, match=r"bad\.onnx"):
         open_session(tmp_path / "bad.onnx")
 
 
@@ -129,7 +129,7 @@ def test_in_process_pipeline_fuses_deterministically(tiny_repository, sample_ima
     pipeline = Pipeline(local_stages(tiny_repository), manifest)
     source, target = sample_images
     params = params_from(steps=4, strength=0.5, seed=5)
-    fused, mask, box, info = pipeline.fuse(source, target, "make her smile", params)
+    fused, mask, _box, info = pipeline.fuse(source, target, "make her smile", params)
     assert fused.shape == (256, 256, 3) and mask.shape == (256, 256)
     assert 0.0 <= fused.min() and fused.max() <= 1.0
     assert info["steps_run"] == 2 and json.dumps(info)

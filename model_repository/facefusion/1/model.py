@@ -18,7 +18,14 @@ class TritonPythonModel(PipelineTritonModel):
         source = get_bytes(request, "SOURCE_IMAGE")
         target_bytes = get_bytes(request, "TARGET_IMAGE")
         target = decode_image(target_bytes, "TARGET_IMAGE")
-        fused, mask, crop_box, info = self.pipeline.fuse(source, target_bytes, instruction, params)
+        fused, mask, crop_box, info = self.pipeline.fuse(
+            source,
+            target_bytes,
+            instruction,
+            params,
+            should_stop=self.should_stop(request),
+            auto_steps=self.auto_steps(request),
+        )
         started = time.perf_counter()
         plan = FusionPlan.from_arrays(fused, mask, crop_box)
         png = encode_png(paste_back(target, fused, plan))

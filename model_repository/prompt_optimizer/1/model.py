@@ -7,6 +7,7 @@ import numpy as np
 
 from facefuse import metrics
 from facefuse.errors import InvalidInput
+from facefuse.limits import check_optional_text
 from facefuse.prompt.optimizer import OVERFLOW_MODES, optimize
 from facefuse.prompt.tokenizer import build_clip_tokenizer, load_tokenizer
 from facefuse.triton_io import TritonMetric, get_text, json_tensor, pb_utils, respond_each
@@ -14,7 +15,11 @@ from facefuse.triton_io import TritonMetric, get_text, json_tensor, pb_utils, re
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.name = json.loads(args["model_config"])["name"]
+        config = json.loads(args["model_config"])
+        self.name = config["name"]
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.template = params.get("prompt_template", "")
+        self.compress = params.get("compress", "true").lower() != "false"
         version_dir = Path(args["model_repository"]) / args["model_version"]
         # the exported model's own tokenizer; the embedded CLIP vocabulary otherwise
         has_own = (version_dir / "tokenizer").is_dir()
@@ -33,8 +38,17 @@ class TritonPythonModel:
         overflow = get_text(request, "OVERFLOW", required=False) or "truncate"
         if overflow not in OVERFLOW_MODES:
             raise InvalidInput("OVERFLOW", f"must be one of {', '.join(OVERFLOW_MODES)}")
-        negative = get_text(request, "NEGATIVE_PROMPT", required=False)
-        result = optimize(instruction, self.tokenizer, overflow=overflow, negative_prompt=negative)
+        negative = check_optional_text(
+            get_text(request, "NEGATIVE_PROMPT", required=False), "NEGATIVE_PROMPT"
+        )
+        result = optimize(
+            instruction,
+            self.tokenizer,
+            overflow=overflow,
+            negative_prompt=negative,
+            template=self.template,
+            compress_text=self.compress,
+        )
         self.tokens_before.increment(result.tokens_before)
         self.tokens_after.increment(result.tokens_after)
         return pb.InferenceResponse(

@@ -14,7 +14,7 @@ class TritonPythonModel(PipelineTritonModel):
         pb = pb_utils()
         params = self.params(request, with_strength=False)
         prompt = check_instruction(get_text(request, "PROMPT"), field="PROMPT")
-        image, info = self.pipeline.txt2img(prompt, params)
+        image, info = self.pipeline.txt2img(prompt, params, should_stop=self.should_stop(request))
         png = encode_png((image * 255.0 + 0.5).astype(np.uint8))
         return pb.InferenceResponse(
             output_tensors=[

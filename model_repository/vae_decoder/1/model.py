@@ -6,3 +6,4 @@ from facefuse.triton_onnx import OnnxTritonModel
 class TritonPythonModel(OnnxTritonModel):
     INPUTS = ("latent",)
     OUTPUTS = ("image",)
+    SIDE_SCALE = 8  # latents

@@ -6,3 +6,4 @@ from facefuse.triton_onnx import OnnxTritonModel
 class TritonPythonModel(OnnxTritonModel):
     INPUTS = ("image",)
     OUTPUTS = ("latent",)
+    SPATIAL_MULTIPLE = 8  # the VAE down-samples by 8

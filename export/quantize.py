@@ -1,0 +1,192 @@
+"""CPU variants of an exported fp32 graph: dynamic INT8 and ORT offline graph optimisation.
+
+Dynamic INT8 (``onnxruntime.quantization.quantize_dynamic``): weights are quantised to int8
+offline, activations per call. Which operators to quantise is a measured choice, not a
+default: on the SD-1.5-shaped UNet on ORT CPU, quantising only ``MatMul``/``Gemm`` (attention
+projections, feed-forward, time embedding) made a call about 1.2x faster, while also
+quantising ``Conv`` made it 2x *slower* (ORT's ConvInteger kernel is far slower than its fp32
+convolution). ``facefuse bench unet`` re-measures the choice (``--with-conv`` adds the
+Conv variant).
+
+Every step keeps ONNX external data when the model is large (> 2 GB protobuf limit): the input
+is loaded with its ``.data`` file, the output is written with ``<file>.data`` beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_OP_TYPES = ("MatMul", "Gemm")
+# Protobuf can't serialise 2 GiB; stay clear of it.
+EXTERNAL_DATA_LIMIT = 1_800_000_000
+
+
+def external_files(path: str | Path) -> list[Path]:
+    """The external-data files a graph references (one ``.data`` file, or one per tensor as
+    torch's exporter writes them for models over 2 GB)."""
+    import onnx
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    locations = {
+        entry.value
+        for tensor in model.graph.initializer
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    return sorted(path.parent / location for location in locations)
+
+
+def model_bytes(path: str | Path) -> int:
+    """Size of a graph on disk including its external-data files."""
+    path = Path(path)
+    return path.stat().st_size + sum(f.stat().st_size for f in external_files(path) if f.is_file())
+
+
+def remove_model(path: str | Path) -> None:
+    """Delete a graph and its external-data file, if present."""
+    path = Path(path)
+    for candidate in (path, path.with_name(path.name + ".data")):
+        candidate.unlink(missing_ok=True)
+
+
+def save_model(model, path: str | Path, large: bool | None = None) -> Path:
+    """Save an ``onnx.ModelProto``; weights go to ``<file>.data`` when the model is large."""
+    import onnx
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_model(path)
+    if large is None:
+        large = model.ByteSize() > EXTERNAL_DATA_LIMIT
+    if large:
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + ".data",
+            size_threshold=1024,
+        )
+    else:
+        onnx.save_model(model, str(path))
+    return path
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    """One converted graph: where it went and its size next to the source's."""
+
+    source: Path
+    path: Path
+    source_bytes: int
+    bytes: int
+    external_data: bool
+
+
+def _result(source: Path, path: Path) -> ConversionResult:
+    return ConversionResult(
+        source,
+        path,
+        model_bytes(source),
+        model_bytes(path),
+        path.with_name(path.name + ".data").exists(),
+    )
+
+
+def quantize_int8(
+    source: str | Path,
+    destination: str | Path,
+    op_types: Sequence[str] = DEFAULT_OP_TYPES,
+    per_channel: bool = False,
+) -> ConversionResult:
+    """Dynamic INT8 quantisation of ``op_types`` in ``source`` into ``destination``."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    source, destination = Path(source), Path(destination)
+    if not source.is_file():
+        raise FileNotFoundError(f"{source}: fp32 ONNX graph not found; run `facefuse export`")
+    remove_model(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    large = model_bytes(source) > EXTERNAL_DATA_LIMIT
+    quantize_dynamic(
+        source,
+        destination,
+        op_types_to_quantize=list(op_types),
+        per_channel=per_channel,
+        weight_type=QuantType.QInt8,
+        use_external_data_format=large,
+        # weights only: activation x activation MatMuls (attention scores) stay fp32
+        extra_options={"MatMulConstBOnly": True},
+    )
+    if large:
+        _normalise_external_data(destination)
+    return _result(source, destination)
+
+
+def _normalise_external_data(path: Path) -> None:
+    """Rewrite a graph whose external data lives elsewhere than ``<file>.data``."""
+    import onnx
+
+    expected = path.with_name(path.name + ".data")
+    locations = external_files(path)
+    if locations in ([expected], []):
+        return
+    model = onnx.load(str(path), load_external_data=True)
+    for location in locations:
+        location.unlink(missing_ok=True)
+    save_model(model, path, large=True)
+
+
+def optimize_offline(
+    source: str | Path, destination: str | Path, level: str = "extended"
+) -> ConversionResult:
+    """Write ORT's optimised graph (constant folding, fusions) so sessions start faster.
+
+    ``basic``/``extended`` graphs are portable across CPUs; ``all`` adds layout changes that
+    are specific to the machine that ran the optimisation, so it is not offered.
+    """
+    import onnxruntime as ort
+
+    levels = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    }
+    if level not in levels:
+        raise ValueError(f"level must be one of {tuple(levels)}, got {level!r}")
+    source, destination = Path(source), Path(destination)
+    remove_model(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = levels[level]
+    options.optimized_model_filepath = str(destination)
+    if model_bytes(source) > EXTERNAL_DATA_LIMIT:
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", destination.name + ".data"
+        )
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+        )
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    return _result(source, destination)
+
+
+def export_cpu_variant(
+    repository: str | Path, precision: str, op_types: Sequence[str] = DEFAULT_OP_TYPES
+) -> list[ConversionResult]:
+    """Write ``precision``'s files beside ``model.onnx`` for the models that variant touches."""
+    from facefuse.variants import VARIANT_MODELS, onnx_file
+
+    if precision == "fp32":
+        return []
+    if precision != "int8":
+        raise ValueError(f"--target cpu builds fp32 and int8 variants, not {precision!r}")
+    root = Path(repository)
+    results = []
+    for model in VARIANT_MODELS[precision]:
+        folder = root / model / "1"
+        target = folder / onnx_file(precision)
+        results.append(quantize_int8(folder / "model.onnx", target, op_types))
+    return results

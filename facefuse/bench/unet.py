@@ -1,0 +1,357 @@
+"""``facefuse bench unet``: the light-model levers, measured side by side in one run.
+
+1. **Per UNet call** on SD-1.5-shaped random weights (860M parameters) at a 32x32 latent,
+   batch 2 (one classifier-free-guidance step): ONNX Runtime fp32, ONNX Runtime dynamic INT8
+   (MatMul/Gemm weights; ``--with-conv`` adds a variant that also quantises Conv), and PyTorch
+   eager fp32, all with the same thread count, calls interleaved round-robin so that machine
+   noise hits every backend alike. The fp32 export (~3.4 GB, external data) and the INT8 files
+   are cached under ``--workdir`` and reused by later runs.
+2. **End to end** face fusion on the tiny model (in-process ORT stages, the sample photos,
+   fixed seed): the baseline fp32 + DDIM 50 steps against DPM-Solver++ 20 steps and adaptive
+   steps, for fp32 and INT8 UNet files, interleaved; ratios are baseline / candidate medians.
+
+Prints ratios; ``--json`` prints the whole report.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+INSTRUCTION = "a smiling portrait, natural light, sharp focus"
+TARGET_UNET_VS_ORT = 1.2
+TARGET_UNET_VS_TORCH = 1.5
+TARGET_E2E = 3.0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "unet",
+        help="UNet per call (ORT fp32 / INT8 / PyTorch) on SD-1.5 shapes + end-to-end fusion",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("--iters", type=int, default=5, help="timed UNet calls per backend")
+    parser.add_argument("--e2e-iters", type=int, default=3, help="timed fusions per config")
+    parser.add_argument("--threads", type=int, default=0, help="threads (0 = all cores)")
+    parser.add_argument("--latent", type=int, default=32, help="latent side for the UNet calls")
+    parser.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one CFG step)")
+    parser.add_argument("--with-conv", action="store_true", help="also time INT8 incl. Conv")
+    parser.add_argument("--skip-sd15", action="store_true", help="only the end-to-end part")
+    parser.add_argument("--skip-e2e", action="store_true", help="only the per-call part")
+    parser.add_argument("--workdir", type=Path, default=Path(".cache/bench/unet"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.set_defaults(func=run)
+
+
+def _stats(times_s: list[float]) -> dict[str, float]:
+    ms = np.asarray(times_s) * 1000.0
+    return {
+        "median_ms": float(np.median(ms)),
+        "min_ms": float(ms.min()),
+        "max_ms": float(ms.max()),
+        "n": len(ms),
+    }
+
+
+def _threads(args) -> int:
+    import os
+
+    return args.threads or len(os.sched_getaffinity(0))
+
+
+def _session(path: Path, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _prepare_sd15(args, log) -> tuple[Path, dict[str, Path]]:
+    """Export (or reuse) the SD-1.5-shaped UNet and its INT8 variants; returns paths."""
+    import onnxruntime
+    import torch
+
+    from facefuse.export.onnx_export import export_unet
+    from facefuse.export.quantize import DEFAULT_OP_TYPES, quantize_int8
+    from facefuse.models.tiny import SD15, build_unet
+
+    folder = args.workdir / f"sd15-seed{args.seed}"
+    stamp = folder / "stamp.json"
+    fp32 = folder / "fp32" / "unet.onnx"
+    want = {"seed": args.seed, "torch": torch.__version__}
+    if not (stamp.is_file() and json.loads(stamp.read_text()) == want and fp32.is_file()):
+        t0 = time.perf_counter()
+        unet = build_unet(SD15, args.seed)
+        result = export_unet(unet, fp32, args.latent, SD15.text_hidden)
+        del unet
+        gc.collect()
+        stamp.write_text(json.dumps(want))
+        log(
+            f"[sd15] exported fp32 UNet in {time.perf_counter() - t0:.0f} s "
+            f"(parity max|diff| {result.max_abs_diff:.1e}, ok={result.ok})"
+        )
+    variants = {"int8": DEFAULT_OP_TYPES}
+    if args.with_conv:
+        variants["int8-conv"] = (*DEFAULT_OP_TYPES, "Conv")
+    paths = {}
+    for name, op_types in variants.items():
+        path = folder / name / "unet.onnx"
+        vstamp = path.parent / "stamp.json"
+        vwant = {**want, "ort": onnxruntime.__version__, "op_types": list(op_types)}
+        if not (vstamp.is_file() and json.loads(vstamp.read_text()) == vwant and path.is_file()):
+            t0 = time.perf_counter()
+            conversion = quantize_int8(fp32, path, op_types)
+            vstamp.write_text(json.dumps(vwant))
+            log(
+                f"[sd15] quantised {name} ({'+'.join(op_types)}) in "
+                f"{time.perf_counter() - t0:.0f} s: {conversion.source_bytes / 1e9:.2f} GB -> "
+                f"{conversion.bytes / 1e9:.2f} GB"
+            )
+        paths[name] = path
+    return fp32, paths
+
+
+def bench_sd15(args, log) -> dict:
+    import torch
+
+    from facefuse.models.tiny import SD15, build_unet
+
+    threads = _threads(args)
+    fp32, int8_paths = _prepare_sd15(args, log)
+    torch.set_num_threads(threads)
+    rng = np.random.default_rng(args.seed)
+    sample = rng.standard_normal((args.batch, 4, args.latent, args.latent)).astype(np.float32)
+    timestep = np.array([500.0] * args.batch, dtype=np.float32)
+    context = rng.standard_normal((args.batch, 77, SD15.text_hidden)).astype(np.float32)
+    feeds = {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
+
+    unet = build_unet(SD15, args.seed)
+    tensors = [torch.from_numpy(a) for a in (sample, timestep, context)]
+
+    def torch_call():
+        with torch.inference_mode():
+            return unet(*tensors, return_dict=False)[0].numpy()
+
+    backends = {"torch-eager-fp32": torch_call}
+    sessions = {"ort-fp32": _session(fp32, threads)}
+    sessions.update({f"ort-{k}": _session(p, threads) for k, p in int8_paths.items()})
+    for name, session in sessions.items():
+        backends[name] = lambda s=session: s.run(None, feeds)[0]
+    outputs = {name: call() for name, call in backends.items()}  # warm-up (allocations)
+    reference = outputs["torch-eager-fp32"]
+    scale = float(np.abs(reference).max())
+    times: dict[str, list[float]] = {name: [] for name in backends}
+    for _ in range(args.iters):
+        for name, call in backends.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    stats = {name: _stats(t) for name, t in times.items()}
+    for name in backends:
+        diff = float(np.abs(outputs[name] - reference).max())
+        stats[name]["max_abs_diff_vs_torch"] = diff
+        stats[name]["rel_diff_vs_torch"] = diff / max(scale, 1e-12)
+        log(
+            f"[sd15] {name:<18} median {stats[name]['median_ms']:9.1f} ms "
+            f"(min {stats[name]['min_ms']:.1f}, max {stats[name]['max_ms']:.1f})  "
+            f"max|diff| vs torch {diff:.2e} (rel {diff / max(scale, 1e-12):.1e})"
+        )
+    best = min((n for n in stats if n.startswith("ort-int8")), key=lambda n: stats[n]["median_ms"])
+    median = {n: s["median_ms"] for n, s in stats.items()}
+    return {
+        "shape": "sd15",
+        "latent": args.latent,
+        "batch": args.batch,
+        "threads": threads,
+        "backends": stats,
+        "best_int8": best,
+        "ratios": {
+            "ort_fp32_over_best_int8": median["ort-fp32"] / median[best],
+            "torch_fp32_over_best_int8": median["torch-eager-fp32"] / median[best],
+            "torch_fp32_over_ort_fp32": median["torch-eager-fp32"] / median["ort-fp32"],
+        },
+    }
+
+
+def _tiny_repository(args, log) -> Path:
+    """Export (or reuse) the tiny model with its INT8 UNet into ``workdir/tiny-repo``."""
+    import onnxruntime
+    import torch
+
+    from facefuse.export.quantize import export_cpu_variant
+    from facefuse.export.repository import export_repository, model_identity
+    from facefuse.models.loading import load_components, resolve_model
+
+    repo = args.workdir / "tiny-repo"
+    stamp = repo / "stamp.json"
+    want = {
+        "model": model_identity(resolve_model("tiny")),
+        "torch": torch.__version__,
+        "ort": onnxruntime.__version__,
+    }
+    if stamp.is_file() and json.loads(stamp.read_text()) == want:
+        return repo
+    repo.mkdir(parents=True, exist_ok=True)
+    results = export_repository(load_components("tiny"), repo)
+    if not all(r.ok for r in results):
+        failed = [(r.name, r.max_abs_diff) for r in results if not r.ok]
+        raise RuntimeError(f"tiny export failed parity: {failed}")
+    export_cpu_variant(repo, "int8")
+    stamp.write_text(json.dumps(want))
+    log(f"[tiny] exported repository with INT8 UNet into {repo}")
+    return repo
+
+
+def bench_e2e(args, log) -> dict:
+    from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
+    from facefuse.diffusion.pipeline import Pipeline, params_from
+    from facefuse.diffusion.stages import local_stages
+    from facefuse.samples import sample_pair
+
+    threads = _threads(args)
+    repo = _tiny_repository(args, log)
+    manifest = PipelineManifest.load(repo / "facefusion" / "1" / MANIFEST_NAME)
+    stages = {v: local_stages(repo, threads, variant=v) for v in ("fp32", "int8")}
+    source, target = sample_pair()
+    # name -> (variant, scheduler, steps or None for adaptive, CFG truncation)
+    configs = {
+        "baseline fp32 ddim-50": ("fp32", "ddim", 50, 0.0),
+        "fp32 dpm++-20": ("fp32", "dpm++", 20, 0.0),
+        "int8 dpm++-20": ("int8", "dpm++", 20, 0.0),
+        "fp32 dpm++-adaptive": ("fp32", "dpm++", None, 0.0),
+        "int8 dpm++-adaptive": ("int8", "dpm++", None, 0.0),
+        # not a default: the option, measured (unconditional half skipped in the last 30%)
+        "int8 dpm++-20 cfg-trunc-0.3": ("int8", "dpm++", 20, 0.3),
+    }
+    pipelines = {
+        name: Pipeline(
+            stages[variant],
+            manifest,
+            scheduler,
+            adaptive_steps=steps is None,
+            cfg_truncation=truncation,
+        )
+        for name, (variant, scheduler, steps, truncation) in configs.items()
+    }
+
+    def call(name):
+        steps = configs[name][2]
+        params = params_from(steps=steps, seed=args.seed)
+        return pipelines[name].fuse(source, target, INSTRUCTION, params, auto_steps=steps is None)
+
+    for name in configs:  # warm-up: detector models, ORT allocations
+        call(name)
+    times: dict[str, list[float]] = {n: [] for n in configs}
+    stage_ms: dict[str, list[dict]] = {n: [] for n in configs}
+    infos = {}
+    for _ in range(args.e2e_iters):
+        for name in configs:
+            t0 = time.perf_counter()
+            image, _, _, info = call(name)
+            times[name].append(time.perf_counter() - t0)
+            stage_ms[name].append(info["stage_ms"])
+            infos[name] = (image, info)
+    baseline_image = infos["baseline fp32 ddim-50"][0]
+    report = {}
+    for name in configs:
+        info = infos[name][1]
+        stats = _stats(times[name])
+        stats["steps"] = info["steps"]
+        stats["steps_run"] = info["steps_run"]
+        stats["unet_calls"] = info["unet_calls"]
+        stats["stage_median_ms"] = {
+            k: float(np.median([s.get(k, 0.0) for s in stage_ms[name]])) for k in stage_ms[name][0]
+        }
+        stats["denoise_median_ms"] = stats["stage_median_ms"].get("denoise", 0.0)
+        stats["max_abs_pixel_diff_vs_baseline"] = float(
+            np.abs(infos[name][0] - baseline_image).max()
+        )
+        report[name] = stats
+        log(
+            f"[tiny e2e] {name:<22} median {stats['median_ms']:8.1f} ms  "
+            f"(denoise {stats['denoise_median_ms']:7.1f} ms, steps {info['steps']}, "
+            f"unet calls {info['unet_calls']})"
+        )
+    base = report["baseline fp32 ddim-50"]
+    candidates = [n for n, c in configs.items() if n != "baseline fp32 ddim-50" and not c[3]]
+    best = min(candidates, key=lambda n: report[n]["median_ms"])
+    return {
+        "model": "tiny",
+        "threads": threads,
+        "strength": params_from().strength,
+        "configs": report,
+        "best": best,
+        "ratios": {
+            name: {
+                "end_to_end": base["median_ms"] / report[name]["median_ms"],
+                "denoise": base["denoise_median_ms"] / max(report[name]["denoise_median_ms"], 1e-9),
+            }
+            for name in configs
+            if name != "baseline fp32 ddim-50"
+        },
+    }
+
+
+def _verdict(report: dict) -> list[str]:
+    lines = []
+    sd15 = report.get("sd15")
+    if sd15:
+        r = sd15["ratios"]
+        ok1 = r["ort_fp32_over_best_int8"] >= TARGET_UNET_VS_ORT
+        ok2 = r["torch_fp32_over_best_int8"] >= TARGET_UNET_VS_TORCH
+        lines.append(
+            f"[sd15 unet] {sd15['best_int8']} vs ORT fp32: x{r['ort_fp32_over_best_int8']:.2f} "
+            f"(target x{TARGET_UNET_VS_ORT}: {'yes' if ok1 else 'NO'})"
+        )
+        lines.append(
+            f"[sd15 unet] {sd15['best_int8']} vs PyTorch eager fp32: "
+            f"x{r['torch_fp32_over_best_int8']:.2f} (target x{TARGET_UNET_VS_TORCH}: "
+            f"{'yes' if ok2 else 'NO'}); ORT fp32 vs PyTorch: x{r['torch_fp32_over_ort_fp32']:.2f}"
+        )
+    e2e = report.get("e2e")
+    if e2e:
+        for name, ratio in e2e["ratios"].items():
+            lines.append(
+                f"[tiny e2e] ddim-50 fp32 / {name}: end-to-end x{ratio['end_to_end']:.2f}, "
+                f"denoise x{ratio['denoise']:.2f}"
+            )
+        best = e2e["ratios"][e2e["best"]]["end_to_end"]
+        lines.append(
+            f"[tiny e2e] best default-quality config ({e2e['best']}) x{best:.2f} "
+            f"(target x{TARGET_E2E}: "
+            f"{'yes' if best >= TARGET_E2E else 'NO'})"
+        )
+    return lines
+
+
+def run(args) -> int:
+    def log(message: str) -> None:
+        print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    if args.iters < 1 or args.e2e_iters < 1 or args.latent < 8 or args.latent % 8:
+        from facefuse.errors import InvalidInput
+
+        raise InvalidInput(
+            "--iters/--e2e-iters/--latent", "iterations >= 1 and a latent side divisible by 8"
+        )
+    report: dict = {}
+    if not args.skip_sd15:
+        report["sd15"] = bench_sd15(args, log)
+    if not args.skip_e2e:
+        report["e2e"] = bench_e2e(args, log)
+    report["verdict"] = _verdict(report)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for line in report["verdict"]:
+            print(line)
+    return 0

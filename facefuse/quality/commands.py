@@ -1,0 +1,79 @@
+"""``facefuse quality``: the fidelity gate of a precision variant against the fp32 reference."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from facefuse.variants import PRECISIONS
+
+
+def register(subparsers) -> None:
+    from facefuse.quality.gate import DEFAULT_STEPS, DEFAULT_THRESHOLD_DB
+
+    parser = subparsers.add_parser(
+        "quality",
+        help="fidelity gate: PSNR/SSIM of a precision variant against the fp32 reference",
+        description=(
+            "Run fixed inputs (sample photos and variations, fixed seeds and initial latents, "
+            "same steps) through the reference and the candidate variant of a repository "
+            "in-process, report PSNR and SSIM of the images and max abs differences of "
+            "conditioning and latents; exit 1 when the lowest PSNR is under --threshold."
+        ),
+    )
+    parser.add_argument("--reference", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--candidate", choices=PRECISIONS, default="int8")
+    parser.add_argument(
+        "--repository",
+        type=Path,
+        default=Path("model_repository"),
+        help="exported model repository holding both variants (default: model_repository)",
+    )
+    parser.add_argument(
+        "--threshold", type=float, default=DEFAULT_THRESHOLD_DB, help="minimum PSNR in dB"
+    )
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="denoising steps")
+    parser.add_argument("--scheduler", default="dpm++", choices=("dpm++", "ddim", "euler"))
+    parser.add_argument("--cases", type=int, default=0, help="run only the first N cases")
+    parser.add_argument("--threads", type=int, default=0, help="ORT intra-op threads")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from facefuse.errors import InvalidInput
+    from facefuse.quality.gate import fixed_cases, run_gate
+
+    if not 1 <= args.steps <= 100:
+        raise InvalidInput("--steps", f"must be in 1..100, got {args.steps}")
+    if args.cases < 0:
+        raise InvalidInput("--cases", f"must be >= 0, got {args.cases}")
+    cases = fixed_cases()
+    if args.cases:
+        cases = cases[: args.cases]
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    log(f"fidelity gate: {args.candidate} vs {args.reference} on {args.repository}")
+    report = run_gate(
+        args.repository,
+        reference=args.reference,
+        candidate=args.candidate,
+        threshold_db=args.threshold,
+        steps=args.steps,
+        scheduler=args.scheduler,
+        cases=cases,
+        intra_op_threads=args.threads,
+        log=log,
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    verdict = "PASS" if report.passed else "FAIL"
+    log(
+        f"{verdict}: min PSNR {report.min_psnr_db:.2f} dB (threshold {args.threshold:g} dB), "
+        f"min SSIM {report.min_ssim:.4f}, {len(report.cases)} cases, {args.steps} steps"
+    )
+    return 0 if report.passed else 1

@@ -1,0 +1,289 @@
+"""Soak test: N concurrent users against a facefuse server for D seconds, RSS recorded.
+
+Either starts its own server on a model repository (``--repository``) or drives one that
+runs on this machine (``--url`` + ``--server-pid``). Every few seconds it records the RSS of
+the tritonserver process and of each Python-backend stub (one per model instance), and the
+prefix cache's ``facefuse_prefix_cache_bytes`` gauge when a metrics URL is known. It writes
+
+  reports/soak_rss.csv      t_s, process, pid, rss_mb (one row per process per sample)
+  reports/soak_rss.png      RSS over time per process and in total, warm-up shaded
+  reports/soak_summary.json requests, errors, RSS growth after warm-up in percent
+
+RSS growth after warm-up compares the median total RSS (server + stubs) of the first 10% of
+samples after warm-up with the median of the last 10%. Bounded: ``--duration`` seconds and
+at most ``--max-requests`` requests; loopback addresses only.
+
+    python load_tests/soak.py --repository model_repository --users 4 --duration 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+STUB = "triton_python_backend_stub"
+INSTRUCTIONS = (
+    "make her smile, keep the glasses",
+    "make him look ten years younger",
+    "soft studio light, keep the hair",
+    "add a gentle smile and warm light",
+)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Concurrent face-fusion users for a bounded time; records server and stub "
+        "RSS, writes CSV + PNG chart + JSON summary, reports RSS growth after warm-up."
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--repository", type=Path, help="start a server on this repository")
+    where.add_argument("--url", help="HTTP host:port of a running server (loopback only)")
+    parser.add_argument("--server-pid", type=int, help="tritonserver pid (with --url)")
+    parser.add_argument("--metrics-url", help="metrics URL (with --url), for the cache gauge")
+    parser.add_argument("--users", type=int, default=4, help="concurrent users (default 4)")
+    parser.add_argument("--duration", type=float, default=600, help="seconds of load (600)")
+    parser.add_argument(
+        "--warmup", type=float, default=None, help="seconds excluded from growth (default: 20%%)"
+    )
+    parser.add_argument("--max-requests", type=int, default=100_000, help="stop after this many")
+    parser.add_argument("--steps", type=int, default=4, help="STEPS per request (default 4)")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
+    parser.add_argument("--out", type=Path, default=Path("reports"), help="output folder")
+    parser.add_argument(
+        "--max-growth-pct", type=float, default=None, help="exit 1 when growth exceeds this"
+    )
+    args = parser.parse_args(argv)
+    if args.url is not None:
+        host = args.url.rsplit(":", 1)[0]
+        if host not in LOOPBACK:
+            parser.error(f"--url {args.url}: loopback only (127.0.0.1:PORT)")
+        metrics = args.metrics_url or "http://127.0.0.1/"
+        if not metrics.startswith(tuple(f"http://{h}" for h in LOOPBACK)):
+            parser.error(f"--metrics-url {args.metrics_url}: loopback http only")
+        if args.server_pid is None:
+            parser.error("--url needs --server-pid (RSS is read from /proc on this machine)")
+    if args.users < 1 or args.duration <= 0 or args.max_requests < 1:
+        parser.error("--users, --duration and --max-requests must be positive")
+    if args.warmup is None:
+        args.warmup = 0.2 * args.duration
+    if not 0 <= args.warmup < args.duration:
+        parser.error("--warmup must be in [0, duration)")
+    return args
+
+
+def process_table(server_pid: int) -> list[tuple[str, int, float]]:
+    """(name, pid, rss MB) of the server and each stub; a stub is named by its model."""
+    import psutil
+
+    server = psutil.Process(server_pid)
+    rows = [("tritonserver", server_pid, server.memory_info().rss / 2**20)]
+    for child in server.children(recursive=True):
+        try:
+            cmdline = child.cmdline()
+            if not cmdline or STUB not in cmdline[0]:
+                continue
+            model = Path(cmdline[1]).parts[-3] if len(cmdline) > 1 else "stub"
+            rows.append((model, child.pid, child.memory_info().rss / 2**20))
+        except psutil.Error:  # a stub that exited between listing and reading
+            continue
+    return rows
+
+
+def cache_bytes(metrics_url: str | None) -> float | None:
+    if not metrics_url:
+        return None
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as response:  # noqa: S310 - checked
+            text = response.read().decode()
+    except OSError:
+        return None
+    values = re.findall(r"^facefuse_prefix_cache_bytes(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M)
+    return sum(float(v) for v in values) if values else None
+
+
+@dataclass
+class Tally:
+    ok: int = 0
+    failed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def total(self) -> int:
+        with self.lock:
+            return self.ok + self.failed
+
+
+def user(index: int, url: str, args, tally: Tally, stop: threading.Event) -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from facefuse.samples import sample_pair
+
+    source, target = sample_pair()
+    client = httpclient.InferenceServerClient(url, network_timeout=600)
+
+    def tensor(name, array, datatype):
+        item = httpclient.InferInput(name, list(array.shape), datatype)
+        item.set_data_from_numpy(array)
+        return item
+
+    n = 0
+    try:
+        while not stop.is_set() and tally.total() < args.max_requests:
+            instruction = INSTRUCTIONS[(index + n) % len(INSTRUCTIONS)]
+            inputs = [
+                tensor("SOURCE_IMAGE", np.array([source], dtype=object), "BYTES"),
+                tensor("TARGET_IMAGE", np.array([target], dtype=object), "BYTES"),
+                tensor("INSTRUCTION", np.array([instruction.encode()], dtype=object), "BYTES"),
+                tensor("STEPS", np.array([args.steps], dtype=np.int32), "INT32"),
+                tensor("SEED", np.array([index * 100_000 + n], dtype=np.int64), "INT64"),
+            ]
+            started = time.perf_counter()
+            try:
+                client.infer("facefusion", inputs)
+                with tally.lock:
+                    tally.ok += 1
+                    tally.latencies.append(time.perf_counter() - started)
+            except (InferenceServerException, OSError) as exc:
+                key = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+                with tally.lock:
+                    tally.failed += 1
+                    tally.errors[key] = tally.errors.get(key, 0) + 1
+                stop.wait(1.0)
+            n += 1
+    finally:
+        client.close()
+
+
+def growth_pct(times: list[float], totals: list[float], warmup: float) -> float | None:
+    after = [rss for t, rss in zip(times, totals) if t >= warmup]
+    if len(after) < 4:
+        return None
+    window = max(1, len(after) // 10)
+    first, last = statistics.median(after[:window]), statistics.median(after[-window:])
+    return 100.0 * (last - first) / first
+
+
+def chart(rows: list[dict], times, totals, warmup: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    by_process: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        label = f"{row['process']} ({row['pid']})"
+        by_process.setdefault(label, []).append((row["t_s"], row["rss_mb"]))
+    for label, points in sorted(by_process.items()):
+        ax.plot(*zip(*points), linewidth=1, label=label)
+    ax.plot(times, totals, color="black", linewidth=2, label="total")
+    ax.axvspan(0, warmup, color="grey", alpha=0.15, label="warm-up")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("RSS (MiB)")
+    ax.set_yscale("log")
+    ax.set_title("facefuse soak: RSS of tritonserver and Python-backend stubs")
+    ax.legend(fontsize=7, ncol=2, loc="center right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def soak(args, url: str, server_pid: int, metrics_url: str | None) -> dict:
+    tally, stop = Tally(), threading.Event()
+    threads = [
+        threading.Thread(target=user, args=(i, url, args, tally, stop), daemon=True)
+        for i in range(args.users)
+    ]
+    rows: list[dict] = []
+    times, totals, cache = [], [], []
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    while True:
+        t = time.monotonic() - started
+        table = process_table(server_pid)
+        for name, pid, rss in table:
+            rows.append({"t_s": round(t, 2), "process": name, "pid": pid, "rss_mb": round(rss, 2)})
+        times.append(t)
+        totals.append(sum(rss for _, _, rss in table))
+        cache.append(cache_bytes(metrics_url))
+        if t >= args.duration or tally.total() >= args.max_requests:
+            break
+        time.sleep(min(args.interval, max(0.0, args.duration - t)))
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=600)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "soak_rss.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["t_s", "process", "pid", "rss_mb"])
+        writer.writeheader()
+        writer.writerows(rows)
+    chart(rows, times, totals, args.warmup, args.out / "soak_rss.png")
+    elapsed = time.monotonic() - started
+    known_cache = [c for c in cache if c is not None]
+    latencies = sorted(tally.latencies)
+    summary = {
+        "users": args.users,
+        "duration_s": round(elapsed, 1),
+        "warmup_s": args.warmup,
+        "steps": args.steps,
+        "requests_ok": tally.ok,
+        "requests_failed": tally.failed,
+        "errors": tally.errors,
+        "throughput_rps": round(tally.ok / elapsed, 3),
+        "latency_p50_s": round(latencies[len(latencies) // 2], 3) if latencies else None,
+        "samples": len(times),
+        "rss_total_mb_start": round(totals[0], 1),
+        "rss_total_mb_end": round(totals[-1], 1),
+        "rss_total_mb_max": round(max(totals), 1),
+        "rss_growth_after_warmup_pct": growth_pct(times, totals, args.warmup),
+        "stub_processes": len({(r["process"], r["pid"]) for r in rows}) - 1,
+        "prefix_cache_bytes_max": max(known_cache) if known_cache else None,
+    }
+    if summary["rss_growth_after_warmup_pct"] is not None:
+        summary["rss_growth_after_warmup_pct"] = round(summary["rss_growth_after_warmup_pct"], 2)
+    (args.out / "soak_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.repository is not None:
+        from facefuse.server import LocalTritonServer, ServerConfig
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        config = ServerConfig(repository=args.repository)
+        print(f"starting tritonserver on {args.repository} ...", flush=True)
+        with LocalTritonServer(config, log_path=args.out / "soak_server.log") as server:
+            summary = soak(args, server.http_url, server.process.pid, server.metrics_url)
+    else:
+        summary = soak(args, args.url, args.server_pid, args.metrics_url)
+    print(json.dumps(summary, indent=2))
+    growth = summary["rss_growth_after_warmup_pct"]
+    print(
+        f"soak: {summary['users']} users, {summary['duration_s']} s, "
+        f"{summary['requests_ok']} ok / {summary['requests_failed']} failed, "
+        f"RSS {summary['rss_total_mb_start']} -> {summary['rss_total_mb_end']} MiB, "
+        f"growth after warm-up {growth} %; wrote {args.out}/soak_rss.csv, soak_rss.png"
+    )
+    if args.max_growth_pct is not None and (growth is None or growth > args.max_growth_pct):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
