@@ -163,7 +163,9 @@ def test_unet_forms_batches_larger_than_one_under_concurrency(server, sample_ima
 
     def one(seed: int):
         with Client(server.grpc_url, "grpc") as client:
-            return client.fuse(source, target, INSTRUCTION, steps=8, strength=1.0, seed=seed)
+            # 40 full-strength steps: long enough that the denoising loops of the two
+            # facefusion instances overlap even though face analysis runs one at a time
+            return client.fuse(source, target, INSTRUCTION, steps=40, strength=1.0, seed=seed)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(one, range(4)))
