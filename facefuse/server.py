@@ -150,6 +150,7 @@ class LocalTritonServer:
             "--allow-gpu-metrics=false",
             "--exit-on-error=true",
             "--exit-timeout-secs=10",
+            "--metrics-config=summary_latencies=true",  # p50/p95 for the dashboard
             f"--log-verbose={c.log_verbose}",
         ]
         if c.model_config_name:

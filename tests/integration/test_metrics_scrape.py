@@ -1,0 +1,36 @@
+"""The Grafana dashboard, the alert rules and the autoscaling rule reference only metrics that a
+real tritonserver running this repository exports (checked against its /metrics scrape)."""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from facefuse.client import Client
+
+from facefuse import metrics
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+import deploy_helpers
+
+pytestmark = pytest.mark.integration
+
+
+def test_dashboard_alerts_and_adapter_use_only_exported_metrics(server, sample_images):
+    source, target = sample_images
+    with Client(server.grpc_url, "grpc") as client:  # counters and summaries need traffic
+        client.fuse(source, target, "make her smile", steps=2)
+    with urllib.request.urlopen(server.metrics_url) as response:
+        scrape = response.read().decode()
+    referenced = (
+        deploy_helpers.dashboard_metric_names()
+        | deploy_helpers.alert_metric_names()
+        | deploy_helpers.adapter_metric_names()
+    )
+    assert referenced, "the dashboard references no metric"
+    # a fallback to FP32 never happens on CPU, so its counter has no sample to scrape
+    never_on_cpu = {metrics.PIPELINE_FALLBACKS}
+    missing = deploy_helpers.missing_from_scrape(referenced - never_on_cpu, scrape)
+    assert not missing, f"referenced but not exported: {sorted(missing)}"
