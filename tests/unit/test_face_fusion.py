@@ -3,11 +3,8 @@
 import math
 
 import cv2
-import matplotlib.cbook
 import numpy as np
 import pytest
-from PIL import Image
-from skimage import data
 
 from facefuse.errors import NoFaceFound
 from facefuse.face import geometry
@@ -18,17 +15,6 @@ from facefuse.face.imageio import PixelError
 from facefuse.face.mask import feathered_ellipse
 
 SIZE = 256
-
-
-@pytest.fixture(scope="module")
-def astronaut():
-    return data.astronaut()
-
-
-@pytest.fixture(scope="module")
-def grace():
-    with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as handle:
-        return np.asarray(Image.open(handle).convert("RGB"))
 
 
 @pytest.fixture(scope="module")
