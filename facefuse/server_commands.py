@@ -65,7 +65,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from facefuse.server import ADMIN_HEADER, LocalTritonServer, ServerConfig
+    from facefuse.server import ADMIN_HEADER, GRPC_ADMIN_HEADER, LocalTritonServer, ServerConfig
 
     config = ServerConfig(
         repository=args.repository,
@@ -86,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
             f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}"
         )
         if config.restrict_apis:
-            print(f"admin APIs need header {ADMIN_HEADER}: {config.admin_key}")
+            print(
+                f"admin APIs need the key {config.admin_key} in header {ADMIN_HEADER} (HTTP) "
+                f"or metadata {GRPC_ADMIN_HEADER} (gRPC)"
+            )
         print("Ctrl-C to stop", flush=True)
         try:
             while not stop.wait(0.5):
