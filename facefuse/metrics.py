@@ -56,3 +56,25 @@ TRITON_METRICS = (
     "nv_inference_compute_infer_duration_us",
     "nv_inference_pending_request_count",
 )
+
+
+def sample_total(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of metric ``name`` in a Prometheus text scrape whose labels include
+    every ``key="value"`` of ``labels`` (0.0 when there is none)."""
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line[len(name) : len(name) + 1] not in ("{", " "):
+            continue
+        series, _, value = line.rpartition(" ")
+        if all(label in series for label in wanted):
+            total += float(value)
+    return total
+
+
+def scrape(metrics_url: str, timeout_s: float = 10.0) -> str:
+    """The text of a ``/metrics`` endpoint (a loopback Triton metrics port)."""
+    import urllib.request
+
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:  # noqa: S310
+        return response.read().decode()

@@ -23,10 +23,10 @@ import json
 import re
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from facefuse.bench.loadgen import LoadResult, run_closed_loop, tree_cpu_seconds
+from facefuse.metrics import sample_total, scrape
 
 CONTENDERS = ("baseline-a", "baseline-b", "facefuse", "in-process")
 INSTRUCTION = (
@@ -100,14 +100,11 @@ def exported_repository(model: str, work_dir: Path) -> Path:
 
 
 def unet_rows_and_execs(metrics_url: str) -> tuple[float, float]:
-    with urllib.request.urlopen(metrics_url) as response:  # noqa: S310 - loopback
-        text = response.read().decode()
-
-    def total(name: str) -> float:
-        pattern = rf'^{name}{{[^}}]*model="unet"[^}}]*}} ([0-9.e+]+)$'
-        return sum(float(v) for v in re.findall(pattern, text, re.M))
-
-    return total("nv_inference_count"), total("nv_inference_exec_count")
+    text = scrape(metrics_url)
+    return (
+        sample_total(text, "nv_inference_count", model="unet"),
+        sample_total(text, "nv_inference_exec_count", model="unet"),
+    )
 
 
 # ---------------------------------------------------------------- contenders

@@ -36,6 +36,7 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from facefuse.metrics import sample_total, scrape
 from facefuse.server import (
     ADMIN_HEADER,
     GRPC_ADMIN_HEADER,
@@ -72,13 +73,7 @@ def prompt_inputs():
 
 
 def metric(metrics_url: str, name: str, **labels: str) -> float:
-    with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return sample_total(scrape(metrics_url), name, **labels)
 
 
 def wait_for(condition, timeout_s: float, what: str, every_s: float = 0.25):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -15,6 +13,8 @@ import tritonclient.http as httpclient
 from facefuse.client import Client, ClientError
 from PIL import Image
 from tritonclient.utils import InferenceServerException
+
+from facefuse.metrics import sample_total, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -147,19 +147,10 @@ def test_client_reports_server_error_as_one_line(server, sample_images):
     assert "TARGET_IMAGE" in str(caught.value) and "\n" not in str(caught.value)
 
 
-def _metric(text: str, name: str, model: str) -> float:
-    pattern = re.compile(rf'^{name}{{[^}}]*model="{model}"[^}}]*}} ([0-9.e+]+)$', re.M)
-    return sum(float(v) for v in pattern.findall(text))
-
-
 def test_unet_forms_batches_larger_than_one_under_concurrency(server, sample_images):
     source, target = sample_images
 
-    def scrape() -> str:
-        with urllib.request.urlopen(server.metrics_url) as response:
-            return response.read().decode()
-
-    before = scrape()
+    before = scrape(server.metrics_url)
 
     def one(seed: int):
         with Client(server.grpc_url, "grpc") as client:
@@ -170,9 +161,9 @@ def test_unet_forms_batches_larger_than_one_under_concurrency(server, sample_ima
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(one, range(4)))
     assert len({r.png for r in results}) == 4
-    after = scrape()
+    after = scrape(server.metrics_url)
     delta = {
-        name: _metric(after, name, "unet") - _metric(before, name, "unet")
+        name: sample_total(after, name, model="unet") - sample_total(before, name, model="unet")
         for name in (
             "nv_inference_count",
             "nv_inference_exec_count",

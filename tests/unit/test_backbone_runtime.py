@@ -135,3 +135,19 @@ def test_in_process_pipeline_fuses_deterministically(tiny_repository, sample_ima
     assert info["steps_run"] == 2 and json.dumps(info)
     again, *_ = pipeline.fuse(source, target, "make her smile", params)
     assert np.array_equal(fused, again)
+
+
+def test_sample_total_sums_matching_series_only():
+    from facefuse.metrics import sample_total
+
+    text = (
+        "# TYPE nv_inference_count counter\n"
+        'nv_inference_count{model="unet",version="1"} 12\n'
+        'nv_inference_count{model="vae_decoder",version="1"} 3\n'
+        'nv_inference_count_total{model="unet"} 100\n'
+        "facefuse_prefix_cache_bytes 5\n"
+    )
+    assert sample_total(text, "nv_inference_count", model="unet") == 12.0
+    assert sample_total(text, "nv_inference_count") == 15.0
+    assert sample_total(text, "facefuse_prefix_cache_bytes") == 5.0
+    assert sample_total(text, "nv_inference_count", model="text_encoder") == 0.0
