@@ -47,6 +47,8 @@ class OnnxTritonModel:
         if params.get("check_memory", "true").lower() == "true":
             check_cpu_fits(graph)  # refuse a variant that would not fit (facefuse.memory)
         self.session = open_session(graph, options)
+        # the graph's input signature, read once: requests are checked against it
+        self.input_shapes = {i.name.lower(): i.shape for i in self.session.get_inputs()}
         self.max_rows = int(config.get("max_batch_size", 0)) or None
         self._init_metrics()
 
@@ -76,12 +78,11 @@ class OnnxTritonModel:
 
     def _check_shape(self, name: str, shape: tuple[int, ...]) -> None:
         """Refuse a shape the graph cannot run (InvalidInput naming the input), not a 500."""
-        graph = {i.name.lower(): i.shape for i in self.session.get_inputs()}
-        if name.lower() in graph:
+        if name.lower() in self.input_shapes:
             check_tensor(
                 name,
                 shape,
-                graph[name.lower()],
+                self.input_shapes[name.lower()],
                 spatial_multiple=self.SPATIAL_MULTIPLE,
                 max_side=DEFAULT_LIMITS.max_tensor_side // self.SIDE_SCALE,
                 max_sequence=DEFAULT_LIMITS.max_context_tokens,

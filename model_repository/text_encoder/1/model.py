@@ -53,8 +53,10 @@ class TritonPythonModel(OnnxTritonModel):
             threads = int(params.get("intra_op_threads", "0"))
             cache_config = dataclasses.replace(cache_config, intra_op_threads=threads)
         sink = TritonMetricsSink(pb_utils(), {"model": self.name})
-        # The full graph's session stays open: the base class checks request shapes against it.
         self.cache = CachedTextEncoder(version_dir, cache_config, sink)
+        # the cache serves every row; the full graph's weights need not stay in memory (its
+        # input signature, which requests are checked against, was read by the base class)
+        self.session = None
 
     def _inputs(self, request):
         ids = super()._inputs(request)["INPUT_IDS"]
