@@ -19,10 +19,28 @@ from facefuse.errors import ModelLoadError
 
 @dataclass(frozen=True)
 class SessionOptions:
-    """ONNX Runtime threading; 0 lets ORT decide (all cores)."""
+    """ONNX Runtime threading; 0 threads lets ORT decide (all cores).
+
+    ``allow_spinning``: ORT's idle intra-op threads spin-wait for work by default. In a server
+    where several models share a few cores, those spinning threads burn the cores that the busy
+    model needs (measured by ``facefuse bench e2e``), so serving turns it off.
+    """
 
     intra_op_threads: int = 0
     inter_op_threads: int = 1
+    allow_spinning: bool = False
+
+
+def ort_session_options(options: SessionOptions = SessionOptions()):
+    """``onnxruntime.SessionOptions`` for ``options`` with every graph optimisation on."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = options.intra_op_threads
+    so.inter_op_num_threads = options.inter_op_threads
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.add_session_config_entry("session.intra_op.allow_spinning", str(int(options.allow_spinning)))
+    return so
 
 
 def open_session(path: str | Path, options: SessionOptions = SessionOptions()):
@@ -32,10 +50,7 @@ def open_session(path: str | Path, options: SessionOptions = SessionOptions()):
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"{path}: ONNX file not found; run `facefuse export` first")
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = options.intra_op_threads
-    so.inter_op_num_threads = options.inter_op_threads
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so = ort_session_options(options)
     try:
         return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph types

@@ -41,6 +41,7 @@ class OnnxTritonModel:
         options = SessionOptions(
             intra_op_threads=int(params.get("intra_op_threads", "0")),
             inter_op_threads=int(params.get("inter_op_threads", "1")),
+            allow_spinning=params.get("allow_spinning", "false").lower() == "true",
         )
         version_dir = Path(args["model_repository"]) / args["model_version"]
         graph = version_dir / params.get("onnx_file", ONNX_FILE)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from facefuse.errors import ModelLoadError
+from facefuse.runtime import SessionOptions, ort_session_options
 
 KV_PREFIX_FILE = "text_encoder_kv_prefix.onnx"
 KV_SUFFIX_FILE = "text_encoder_kv_suffix.onnx"
@@ -98,10 +99,7 @@ class KvRuntime:
         import onnxruntime as ort
 
         self.manifest = KvManifest.load(onnx_dir)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if intra_op_threads > 0:
-            options.intra_op_num_threads = intra_op_threads
+        options = ort_session_options(SessionOptions(intra_op_threads=intra_op_threads))
         providers = ["CPUExecutionProvider"]
         try:
             self._prefix = ort.InferenceSession(str(self.manifest.prefix_path), options, providers)

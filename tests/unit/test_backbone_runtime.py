@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from facefuse.diffusion.loop import LoopRequest, denoise, make_scheduler
-from facefuse.runtime import open_session, run_batched
+from facefuse.runtime import SessionOptions, open_session, ort_session_options, run_batched
 
 
 def test_run_batched_groups_by_shape_and_splits_in_order():
@@ -62,6 +62,14 @@ def test_open_session_names_the_missing_or_corrupt_file(tmp_path):
     (tmp_path / "bad.onnx").write_bytes(b"\x00not onnx")
     with pytest.raises(ModelLoadError, match=r"bad\.onnx"):
         open_session(tmp_path / "bad.onnx")
+
+
+def test_serving_sessions_do_not_spin_unless_asked():
+    key = "session.intra_op.allow_spinning"
+    assert ort_session_options().get_session_config_entry(key) == "0"
+    spinning = ort_session_options(SessionOptions(intra_op_threads=2, allow_spinning=True))
+    assert spinning.get_session_config_entry(key) == "1"
+    assert spinning.intra_op_num_threads == 2
 
 
 def _linear_unet(sample, timestep, context):
