@@ -5,26 +5,32 @@ The steps, each a pure function of the text (deterministic, no network, no model
 1. :func:`normalize` — Unicode NFKC, lower case (CLIP lower-cases anyway), full-width
    punctuation, "8 k" -> "8k", "wet - on - wet" -> "wet-on-wet" (same CLIP tokens, one word).
 2. :func:`split_tags` — comma/semicolon/sentence/bracket separated tags.
-3. per tag: meta instructions ("please create", "I want") and fillers ("kind of", "in the
-   style of X" -> "X style", "portrait of X" -> "portrait X") are rewritten; quality
+3. per tag: meta instructions ("please create", "I want", "the picture should show") and
+   fillers ("kind of", "in the style of X" -> "X style", or just "X" when X is a medium such
+   as "watercolor painting", "portrait of X" -> "portrait X", "looks about 35 years old" ->
+   "35 years old", "looking directly at" -> "looking at", "a pair of", "X in the background"
+   -> "X background") are rewritten, "close-up" becomes "closeup" (one CLIP token); quality
    boilerplate is mapped to one canonical set (:data:`~facefuse.prompt.lexicon.BOILERPLATE`),
    each class once (a one-word member such as "hd" is kept as written, never expanded);
    articles, pronouns, auxiliaries, "with" and "and" (outside fixed expressions such as
    "black and white") are dropped.
 4. repeated tags are removed (also a one-word tag that another tag holds), the first short
-   tag naming the subject is moved first.
+   tag naming the subject is moved first (not one where the identity noun qualifies a part,
+   "fashion model face").
 5. tags are joined. A comma costs one CLIP token per tag (17% of the tokens of real tag
    prompts), so the compact join uses a space and keeps commas only where items would blur
    (see :func:`join_tags`); ``separator=", "`` keeps every comma.
 
-Content words (see :mod:`facefuse.prompt.evaluate`) are never dropped except as duplicates or
-canonicalised boilerplate; every dropped word is reported in :attr:`Compression.removed`.
+Content words (see :mod:`facefuse.prompt.evaluate`) are never dropped except as duplicates,
+canonicalised boilerplate or the meta and filler phrasing of step 3; every duplicate dropped is
+reported in :attr:`Compression.removed`.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from facefuse.prompt.lexicon import (
@@ -77,19 +83,35 @@ _PUNCT_MAP = str.maketrans(
 )
 # A1111 weighted emphasis "(red hair:1.2)" is kept verbatim as one tag.
 _WEIGHTED = re.compile(r"\(([^()]{1,200}?):\s*(\d+(?:\.\d+)?)\)")
-_TAG_SPLIT = re.compile(r"\s*(?:[,;|\n]|\.(?!\d)|(?<=\s)!+|\?+|\s:\s|::|:\s*:|\s[-+]\s)\s*")
+# The lookahead lets the scan skip most positions fast; split_tags strips the spaces around.
+_TAG_SPLIT = re.compile(
+    r"(?=[,;|.!?:\s])(?:[,;|\n]|\.(?!\d)|(?<=\s)!+|\?+|\s:\s|::|:\s*:|\s[-+]\s)"
+)
 _SPACE = re.compile(r"\s+")
 _HYPHEN = re.compile(r"(?<=[^\W\d_])-(?=[^\W\d_])")
 
 
+_DIGIT = re.compile(r"\d")
+_DIGIT_RULES = (
+    (re.compile(r"(?<=\d) (?=\d)"), ""),
+    (re.compile(r"(?<=\d) (k|d|th|st|nd|rd|mm|px|yo|p|x)\b"), r"\1"),
+    (re.compile(r"(?<=\d)\. (?=\d)"), "."),
+)
+_SPACED_SIGNS = (
+    (" / ", re.compile(r"(?<=\w) / (?=\w)"), "/"),
+    (" - ", re.compile(r"(?<=\w) - (?=\w)"), "-"),
+    (" & ", re.compile(r"(?<=\b\w) & (?=\w\b)"), "&"),
+)
+
+
 def _join_spaced(text: str) -> str:
     """Undo the spaced digits and hyphens of scraped prompts ("1 7 th", "3 d", "head - on")."""
-    text = re.sub(r"(?<=\d) (?=\d)", "", text)
-    text = re.sub(r"(?<=\d) (k|d|th|st|nd|rd|mm|px|yo|p|x)\b", r"\1", text)
-    text = re.sub(r"(?<=\d)\. (?=\d)", ".", text)
-    text = re.sub(r"(?<=\w) / (?=\w)", "/", text)
-    text = re.sub(r"(?<=\w) - (?=\w)", "-", text)
-    text = re.sub(r"(?<=\b\w) & (?=\w\b)", "&", text)
+    if _DIGIT.search(text):
+        for pattern, repl in _DIGIT_RULES:
+            text = pattern.sub(repl, text)
+    for sign, pattern, repl in _SPACED_SIGNS:
+        if sign in text:  # a cheap test first: most prompts have none
+            text = pattern.sub(repl, text)
     return text
 
 
@@ -105,9 +127,10 @@ def normalize(text: str) -> str:
         weighted.append(f"({_SPACE.sub(' ', match.group(1).strip())}:{match.group(2)})")
         return f",\x01{len(weighted) - 1}\x01,"
 
-    text = _WEIGHTED.sub(_protect, text)
+    if ":" in text:
+        text = _WEIGHTED.sub(_protect, text)
     text = text.translate(_PUNCT_MAP)
-    text = _SPACE.sub(" ", text).strip()
+    text = " ".join(text.split())  # as _SPACE.sub(" ", text).strip(), a few times faster
     text = _join_spaced(text)
     for i, chunk in enumerate(weighted):
         text = text.replace(f"\x01{i}\x01", chunk)
@@ -138,10 +161,19 @@ _BINOMIAL_RE = re.compile(
     rf"(?<![\w-])(?:{_alternation(BINOMIALS)})(?![\w-])".replace("the ", "(?:the )?")
 )
 
-# Rewrites of a whole tag, applied in order: (pattern, replacement).
+_MEDIUM_END = re.compile(rf"\b(?:{_alternation(MEDIUM_NOUNS)})$")
+
+
+def _style_of(match: re.Match) -> str:
+    """ "in the style of X" -> "X style"; "X" alone when X is a medium ("watercolor painting")."""
+    what = match["what"]
+    return f"{match['pre']} {what}" if _MEDIUM_END.search(what) else f"{match['pre']} {what} style"
+
+
 # Rewrites of a whole tag, applied in order: (pattern, replacement, words that must occur for
 # the pattern to be tried at all; a cheap guard that keeps compression well under 1 ms).
-_PHRASE_RULES: tuple[tuple[re.Pattern, str, frozenset[str]], ...] = tuple(
+_Rule = tuple[re.Pattern, str | Callable[[re.Match], str], frozenset[str]]
+_PHRASE_RULES: tuple[_Rule, ...] = tuple(
     (re.compile(p), r, frozenset(t.split()))
     for p, r, t in (
         # meta instructions to the generator at the start of a tag
@@ -159,7 +191,8 @@ _PHRASE_RULES: tuple[tuple[re.Pattern, str, frozenset[str]], ...] = tuple(
         (r"\bmake sure (?:that )?", "", "make"),
         (r"\bmake (?:it|this|the (?:image|picture|photo)) (?:look )?(?:like )?", "", "make"),
         (
-            r"\b(?:it|this|the image|the picture|the photo) should (?:look like|be|have|feel) ",
+            r"\b(?:it|this|the image|the picture|the photo) should "
+            r"(?:look like|be|have|feel|show|depict) ",
             "",
             "should",
         ),
@@ -170,14 +203,25 @@ _PHRASE_RULES: tuple[tuple[re.Pattern, str, frozenset[str]], ...] = tuple(
             "",
             "about around approximately roughly maybe",
         ),
-        # "portrait in the style of X" -> "portrait X style"
+        # "boy of 8 years old", "who looks about 35 years old" ("about" is gone already)
+        (r"\b(?:of|looks) (?=\d+ years? old\b)", "", "old"),
+        # "looking directly at", "looking straight into" -> "looking at", "looking into"
         (
-            r"^(?P<pre>.*?)\b(?:in )?(?:the )?style of (?P<what>.+)$",
-            r"\g<pre> \g<what> style",
-            "style",
+            r"\b(?P<verb>looking|looks|staring|stares|gazing|gazes) (?:directly|straight) "
+            r"(?=(?:at|into)\b)",
+            r"\g<verb> ",
+            "directly straight",
         ),
+        (r"\b(?:a )?pair of (?=\w)", "", "pair"),
+        # "neon lights in the background" -> "neon lights background"
+        # ("standing in the background" keeps its "in": there the subject is in it)
+        (r"(?<=\w)(?<!ing) in (?:the )?background\b", " background", "background"),
+        (r"\bclose[ -]up\b", "closeup", "close close-up"),  # one CLIP token instead of 2-3
+        (r"^(?P<pre>.*?)\b(?:in )?(?:the )?style of (?P<what>.+)$", _style_of, "style"),
     )
 )
+
+_RULE_WORDS = frozenset().union(*(triggers for _, _, triggers in _PHRASE_RULES))
 
 
 @dataclass
@@ -220,42 +264,57 @@ class _Canon:
 
 def _has_meaning(word: str) -> bool:
     """A word has a letter, digit, placeholder or pictograph (CLIP has emoji tokens)."""
+    if word.isalnum():
+        return True  # the common case, without a look at each character
     return any(ch.isalnum() or ch in "\x02&" or unicodedata.category(ch) == "So" for ch in word)
+
+
+def _apply_phrase_rules(tag: str) -> str:
+    """Apply :data:`_PHRASE_RULES` whose trigger words occur in the tag."""
+    present = set(tag.split())
+    if present.isdisjoint(_RULE_WORDS):
+        return tag
+    for pattern, repl, triggers in _PHRASE_RULES:
+        if not triggers.isdisjoint(present):
+            tag = pattern.sub(repl, tag).strip()
+            present = set(tag.split())
+    return tag
+
+
+def _kept_words(tag: str, canon: _Canon) -> list[str]:
+    """The words of a rewritten tag less function words and a word repeated at once."""
+    words: list[str] = []
+    raw = tag.split()
+    for i, word in enumerate(raw):
+        word = word.strip("'.:/+-")
+        if not word or word in DROP_ALWAYS or not _has_meaning(word):
+            continue
+        if word == "of" and i > 0 and raw[i - 1] in MEDIUM_NOUNS:
+            continue
+        word = _render(word)
+        if words and word == words[-1] and _is_content(word):
+            canon.removed.append(word)  # "cute cute" -> "cute"
+            continue
+        words.append(word)
+    return words
 
 
 def _rewrite_tag(tag: str, canon: _Canon) -> list[str]:
     """Return the kept words of one tag (boilerplate already canonical)."""
     if tag.startswith("(") and tag.endswith(")"):
         return [tag]  # weighted emphasis, verbatim
-    whole = tag.replace("-", " ")
-    whole = _SPACE.sub(" ", whole)
+    whole = _SPACE.sub(" ", tag.replace("-", " ")) if "-" in tag else tag
     if whole in _BP_CLASS:
-        marked = canon.mark(whole, _BP_CLASS[whole])
-        return [marked.strip()] if marked.strip() else []
-    present = set(tag.split())
-    for pattern, repl, triggers in _PHRASE_RULES:
-        if triggers & present:
-            tag = pattern.sub(repl, tag).strip()
-            present = set(tag.split())
+        marked = canon.mark(whole, _BP_CLASS[whole]).strip()
+        return [_render(marked)] if marked else []
+    tag = _apply_phrase_rules(tag)
     tag = _SITE_RE.sub(lambda m: canon.mark(m.group(0), "site:" + _SITE_CANON[m["site"]]), tag)
     tag = _BP_RE.sub(lambda m: canon.mark(m.group(0), _BP_CLASS[_norm_bp(m.group(0))]), tag)
-    tag = _HYPHEN.sub(" ", tag)  # "full-body" -> "full body": CLIP spends a token on "-"
-    tag = _BINOMIAL_RE.sub(lambda m: m.group(0).replace(" ", "\x04"), tag)
-    words: list[str] = []
-    raw = tag.split()
-    for i, word in enumerate(raw):
-        word = word.strip("'.:/+-")
-        if not word or not _has_meaning(word):
-            continue
-        if word in DROP_ALWAYS:
-            continue
-        if word == "of" and i > 0 and raw[i - 1] in MEDIUM_NOUNS:
-            continue
-        if words and word == words[-1] and _is_content(word):
-            canon.removed.append(word)  # "cute cute" -> "cute"
-            continue
-        words.append(word.replace("\x04", " "))
-    return words
+    if "-" in tag:
+        tag = _HYPHEN.sub(" ", tag)  # "full-body" -> "full body": CLIP spends a token on "-"
+    if "and" in tag:
+        tag = _BINOMIAL_RE.sub(lambda m: m.group(0).replace(" ", "\x04"), tag)
+    return _kept_words(tag, canon)
 
 
 def _norm_bp(phrase: str) -> str:
@@ -268,9 +327,10 @@ for _member, _canon in list(_BP_CLASS.items()):
 
 
 def _render(word: str) -> str:
-    if word.startswith("\x02"):
+    """The shown form of a canonical boilerplate or binomial placeholder word."""
+    if word[0] == "\x02":
         return word.strip("\x02").replace("\x03", " ")
-    return word
+    return word.replace("\x04", " ") if "\x04" in word else word
 
 
 _CANON_WORDS = frozenset(w for canon in BOILERPLATE for w in canon.split())
@@ -283,8 +343,11 @@ def _drop_subsumed(tags: list[list[str]], canon: _Canon) -> list[list[str]]:
     kept: list[list[str]] = []
     for i, tag in enumerate(tags):
         phrase = texts[i]
-        holders = [j for j, other in enumerate(texts) if j != i and phrase in other]
-        holders = holders if len(tag) == 1 else []  # a longer tag may carry its own emphasis
+        holders = (  # a longer tag may carry its own emphasis: only one-word tags go
+            [j for j, other in enumerate(texts) if j != i and phrase in other]
+            if len(tag) == 1
+            else []
+        )
         if (
             holders
             and not set(phrase.split()) & _CANON_WORDS
@@ -304,13 +367,28 @@ def _drop_subsumed(tags: list[list[str]], canon: _Canon) -> list[list[str]]:
     return kept
 
 
+# An identity noun right before one of these qualifies a part or a framing of the subject
+# ("fashion model face", "female portrait"): such a tag is not moved first.
+SUBJECT_PARTS = frozenset({"face", "faces", "portrait", "head", "headshot", "body", "figure"})
+
+
+def _mentions_identity(tag: list[str]) -> bool:
+    return not IDENTITY_NOUNS.isdisjoint(" ".join(tag).split())
+
+
 def _names_subject(tag: list[str]) -> bool:
-    return any(w in IDENTITY_NOUNS for w in " ".join(tag).split())
+    """The tag has an identity noun that is not a modifier of a part ("model face")."""
+    words = " ".join(tag).split()
+    return not IDENTITY_NOUNS.isdisjoint(words) and any(
+        w in IDENTITY_NOUNS and (i + 1 == len(words) or words[i + 1] not in SUBJECT_PARTS)
+        for i, w in enumerate(words)
+    )
 
 
 def _identity_first(tags: list[list[str]]) -> list[list[str]]:
-    """Move the first short tag that names the subject to the front, unless the first does."""
-    if not tags or _names_subject(tags[0]):
+    """Move the first short tag that names the subject to the front, unless the first
+    mentions it already."""
+    if not tags or _mentions_identity(tags[0]):
         return tags
     for i, tag in enumerate(tags):
         if len(tag) <= IDENTITY_TAG_MAX_WORDS and _names_subject(tag):
@@ -318,16 +396,24 @@ def _identity_first(tags: list[list[str]]) -> list[list[str]]:
     return tags
 
 
-def compress(text: str, *, separator: str = "compact", identity_first: bool = True) -> Compression:
-    """Compress a prompt; see the module docstring for the steps. Never raises on str input."""
+def compress(
+    text: str,
+    *,
+    separator: str = "compact",
+    identity_first: bool = True,
+    normalized: bool = False,
+) -> Compression:
+    """Compress a prompt; see the module docstring for the steps. Never raises on str input.
+
+    ``normalized=True`` skips :func:`normalize` for text that has been through it already.
+    """
     if separator not in SEPARATORS:
         raise ValueError(f"separator must be one of {SEPARATORS}, got {separator!r}")
     canon = _Canon()
     tags: list[list[str]] = []
     seen: set[str] = set()
-    for raw in split_tags(normalize(text)):
-        words = [_render(w) for w in _rewrite_tag(raw, canon)]
-        words = [w for w in words if w]
+    for raw in split_tags(text if normalized else normalize(text)):
+        words = _rewrite_tag(raw, canon)
         if not words:
             continue
         key = " ".join(words)
@@ -374,19 +460,17 @@ def join_tags(tags: list[list[str]], separator: str = "compact") -> str:
     if separator != "compact":
         return separator.join(" ".join(t) for t in tags)
     list_like = sum(len(t) for t in tags) <= LIST_LIKE_WORDS_PER_TAG * len(tags)
+    nouns = [_noun_like(t) for t in tags]  # each tag tested once, not once per neighbour
+    nounish = [_nounish(t) for t in tags]
     out: list[str] = []
     for i, tag in enumerate(tags):
         if i:
             prev = tags[i - 1]
             comma = (
                 (prev[-1][-1:].isdigit() and tag[0][:1].isdigit())
-                or (_noun_like(prev) and _noun_like(tag))
+                or (nouns[i - 1] and nouns[i])
                 or (
-                    list_like
-                    and len(prev) <= 2
-                    and len(tag) <= 2
-                    and _nounish(prev)
-                    and _nounish(tag)
+                    list_like and len(prev) <= 2 and len(tag) <= 2 and nounish[i - 1] and nounish[i]
                 )
             )
             out.append(", " if comma else " ")

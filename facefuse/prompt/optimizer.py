@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from facefuse.errors import InvalidInput
 from facefuse.limits import check_instruction
-from facefuse.prompt.compress import compress
+from facefuse.prompt.compress import compress, normalize
 from facefuse.prompt.structured import (
     DEFAULT_FACE_NEGATIVE,
     parse_instruction,
@@ -98,13 +98,13 @@ def _compose(text: str, attributes: dict | None, style: str):
     if attributes:
         rendered, extra_neg = render_attributes(attributes, style=style)
         if rendered:
-            parts.append(rendered)
+            parts.append(normalize(rendered))
         negatives += extra_neg
         merged.update(attributes)
     if parsed:
         parts.extend(parsed.clauses)
     source = ", ".join(p for p in parts if p)
-    result = compress(source)
+    result = compress(source, normalized=True)  # parts are normalised: once is enough
     return result.text, negatives, merged, result
 
 

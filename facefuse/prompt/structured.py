@@ -226,6 +226,9 @@ def _words(text: str) -> list[str]:
 class ParsedInstruction:
     """Attributes found in an instruction, and the prompt clauses in their original order.
 
+    Clauses are normalised (:func:`~facefuse.prompt.compress.normalize`), ready for
+    ``compress(..., normalized=True)``.
+
     ``clauses`` holds each recognised clause rendered from its attribute ("make her smile" ->
     "smiling") and each unrecognised clause verbatim; ``negatives`` the removed items.
     """
@@ -279,7 +282,6 @@ def parse_instruction(text: str) -> ParsedInstruction:
     """Map an edit instruction to attributes; unparsed clauses are kept verbatim, in order."""
     parsed = ParsedInstruction()
     for clause in split_tags(normalize(_CLAUSE_AND.sub(",", text))):
-        clause = re.sub(r"\s+", " ", clause).strip()
         found = _match_clause(clause)
         if found is None:
             parsed.clauses.append(clause)
