@@ -37,14 +37,22 @@ def _copy_model(src: Path, dst: Path) -> None:
             shutil.copy2(item, target)
 
 
-def copy_repository_sources(source: str | Path, destination: str | Path) -> Path:
-    """Copy the versioned part of a model repository (configs, model.py), no artefacts."""
+def copy_repository_sources(
+    source: str | Path, destination: str | Path, refresh: bool = False
+) -> Path:
+    """Copy the versioned part of a model repository (configs, model.py), no artefacts.
+
+    ``refresh``: ``destination`` may exist (an earlier export); its configs and model.py are
+    overwritten with the source's, its exported artefacts kept."""
     shutil.copytree(
         source,
         destination,
+        # everything `facefuse export` writes (ONNX, engines, pipeline.json, the KV-graph
+        # manifest, the tokenizer); a refresh must never carry another model's artefacts over
         ignore=shutil.ignore_patterns(
-            "*.onnx", "*.onnx.data", "pipeline.json", "tokenizer", "__pycache__"
+            "*.onnx", "*.onnx.data", "*.plan", "*.json", "tokenizer", "__pycache__"
         ),
+        dirs_exist_ok=refresh,
     )
     return Path(destination)
 
