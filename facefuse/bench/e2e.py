@@ -11,8 +11,9 @@ One command, one run, the same model, inputs, strength and guidance for every co
 - **facefuse** - the default configuration.
 
 For each concurrency: requests/s, p50/p95 latency, average UNet batch rows per execution (Triton
-metrics), CPU-seconds per image, plus ratios. ``overhead`` compares the same optimised loop
-in-process (ORT sessions, no server) with the same through Triton at concurrency 1.
+metrics), CPU-seconds per image, plus ratios. With ``in-process`` chosen, Triton's overhead is
+measured on the same request sent through the server and run in-process (ORT sessions, no
+server), in alternation at concurrency 1 (:func:`measure_overhead`).
 Writes ``reports/e2e-<model>.json`` and ``reports/e2e-<model>.png``.
 """
 
@@ -201,10 +202,10 @@ def run_baseline_a(model: str, levels, counts, source, target) -> dict:
     }
 
 
-def run_in_process(repository: Path, levels, counts, source, target) -> dict:
-    """The optimised loop without a server: ORT sessions in this process."""
+def in_process_pipeline(repository: Path):
+    """facefuse's default loop on the repository's ONNX files, without a server."""
     from facefuse.diffusion.manifest import PipelineManifest
-    from facefuse.diffusion.pipeline import Pipeline, params_from
+    from facefuse.diffusion.pipeline import Pipeline
     from facefuse.diffusion.stages import local_stages
     from facefuse.export.variants import get_parameter
 
@@ -214,7 +215,14 @@ def run_in_process(repository: Path, levels, counts, source, target) -> dict:
         (repository / "prompt_optimizer" / "config.pbtxt").read_text(), "prompt_template"
     )
     variant = "int8" if served == "model.int8.onnx" else "fp32"
-    pipeline = Pipeline(local_stages(repository, variant=variant, template=template), manifest)
+    return Pipeline(local_stages(repository, variant=variant, template=template), manifest)
+
+
+def run_in_process(repository: Path, levels, counts, source, target) -> dict:
+    """The optimised loop without a server: ORT sessions in this process."""
+    from facefuse.diffusion.pipeline import params_from
+
+    pipeline = in_process_pipeline(repository)
     lock = threading.Lock()
 
     def call(index: int) -> None:
@@ -229,6 +237,54 @@ def run_in_process(repository: Path, levels, counts, source, target) -> dict:
     }
 
 
+def measure_overhead(repository: Path, pairs: int, source, target) -> dict:
+    """Triton's cost per request: the same request through the server and in-process, in
+    alternation at concurrency 1, so that the machine's noise hits both sides alike.
+
+    ``overhead_ms`` is the median of the per-pair differences (server - in-process); the
+    server side also pays pasting back + PNG encoding and the gRPC transfer of the image."""
+    import numpy as np
+
+    from facefuse.client import Client
+    from facefuse.diffusion.pipeline import params_from
+    from facefuse.server import LocalTritonServer, ServerConfig
+
+    pipeline = in_process_pipeline(repository)
+    log = repository.parent / f"{repository.name}-overhead-server.log"
+    with LocalTritonServer(ServerConfig(repository=repository), log_path=log) as server:
+        client = Client(server.grpc_url, "grpc")
+
+        def remote(index: int) -> None:
+            client.fuse(
+                source, target, INSTRUCTION, strength=STRENGTH, guidance=GUIDANCE, seed=index
+            )
+
+        def local(index: int) -> None:
+            params = params_from(strength=STRENGTH, guidance=GUIDANCE, seed=index)
+            pipeline.fuse(source, target, INSTRUCTION, params)
+
+        run_closed_loop(remote, 4, 4)  # warm-up, as for the facefuse contender
+        local(0)
+        server_ms, local_ms = [], []
+        for index in range(pairs):
+            t0 = time.perf_counter()
+            remote(index)
+            t1 = time.perf_counter()
+            local(index)
+            t2 = time.perf_counter()
+            server_ms.append((t1 - t0) * 1000)
+            local_ms.append((t2 - t1) * 1000)
+    server_p50 = float(np.median(server_ms))
+    overhead = float(np.median(np.subtract(server_ms, local_ms)))
+    return {
+        "pairs": pairs,
+        "triton_p50_ms": round(server_p50, 1),
+        "in_process_p50_ms": round(float(np.median(local_ms)), 1),
+        "overhead_ms": round(overhead, 1),
+        "overhead_pct": round(100 * overhead / server_p50, 1),
+    }
+
+
 def _with_summary(result: LoadResult):
     return result, result.summary()
 
@@ -236,8 +292,9 @@ def _with_summary(result: LoadResult):
 # ---------------------------------------------------------------- report
 
 
-def ratios(results: dict) -> dict:
-    """The headline ratios, where both sides were measured."""
+def ratios(results: dict, overhead: dict | None = None) -> dict:
+    """The headline ratios, where both sides were measured; Triton's overhead from the paired
+    measurement (:func:`measure_overhead`) when there is one."""
     out = {}
 
     def get(name, level, key):
@@ -254,6 +311,10 @@ def ratios(results: dict) -> dict:
         mine, theirs = get("facefuse", level, key), get(other, level, key)
         if mine and theirs:
             out[label] = round(theirs / mine if lower_is_better else mine / theirs, 2)
+    if overhead:
+        out["Triton overhead per request, ms (c=1, paired median)"] = overhead["overhead_ms"]
+        out["Triton overhead, % of end-to-end (c=1, paired median)"] = overhead["overhead_pct"]
+        return out
     mine, base = get("facefuse", 1, "p50_ms"), get("in-process", 1, "p50_ms")
     if mine and base:
         out["Triton overhead per request, ms (c=1 p50)"] = round(mine - base, 1)
@@ -307,6 +368,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     repository = exported_repository(args.model, args.work_dir)
     results: dict[str, dict] = {}
+    overhead = None
     for name in chosen:
         print(f"[{time.perf_counter() - started:6.0f} s] running {name} ...", flush=True)
         if name == "baseline-a":
@@ -318,6 +380,8 @@ def run(args: argparse.Namespace) -> int:
             runs = run_server_contender(repository, levels, counts, None, source, target)
         else:
             runs = run_in_process(repository, [1], [counts[0]], source, target)
+            overhead = measure_overhead(repository, counts[0] + 2, source, target)
+            print(json.dumps({"overhead (paired)": overhead}, indent=1), flush=True)
         results[name] = {str(level): summary for level, (_, summary) in runs.items()}
         print(json.dumps(results[name], indent=1), flush=True)
     report = {
@@ -326,7 +390,8 @@ def run(args: argparse.Namespace) -> int:
         "strength": STRENGTH,
         "guidance": GUIDANCE,
         "results": results,
-        "ratios": ratios(results),
+        "overhead_paired": overhead,
+        "ratios": ratios(results, overhead),
         "wall_s": round(time.perf_counter() - started, 1),
     }
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(str(args.model)).name)
