@@ -8,6 +8,9 @@ quantising ``Conv`` made it 2x *slower* (ORT's ConvInteger kernel is far slower 
 convolution). ``facefuse bench unet`` re-measures the choice (``--with-conv`` adds the
 Conv variant).
 
+Weights use 7 bits (``reduce_range``) so that the u8 x s8 products cannot saturate on x86
+CPUs without VNNI; see :func:`quantize_int8`.
+
 Every step keeps ONNX external data when the model is large (> 2 GB protobuf limit): the input
 is loaded with its ``.data`` file, the output is written with ``<file>.data`` beside it.
 """
@@ -117,6 +120,10 @@ def quantize_int8(
         op_types_to_quantize=list(op_types),
         per_channel=per_channel,
         weight_type=QuantType.QInt8,
+        # 7-bit weights: x86 CPUs without VNNI (AVX2 / AVX-512F) multiply u8 x s8 pairs into
+        # saturating int16, which broke the 32 dB gate on such a machine (AMD EPYC, AVX2);
+        # the exported file must be right on every CPU it may be served on
+        reduce_range=True,
         use_external_data_format=large,
         # weights only: activation x activation MatMuls (attention scores) stay fp32
         extra_options={"MatMulConstBOnly": True},
