@@ -23,7 +23,8 @@ class SessionOptions:
 
     ``allow_spinning``: ORT's idle intra-op threads spin-wait for work by default. In a server
     where several models share a few cores, those spinning threads burn the cores that the busy
-    model needs (measured by ``facefuse bench e2e``), so serving turns it off.
+    model needs (tiny model through Triton at concurrency 1: 2428 ms per fusion without
+    spinning, 2589 ms with it), so serving turns it off.
     """
 
     intra_op_threads: int = 0
