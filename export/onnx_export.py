@@ -96,20 +96,14 @@ def _export(module, args, path: Path, input_names, output_names, dynamic_axes) -
     _externalize_if_large(path)
 
 
-def _externalize_if_large(path: Path, limit: int = 1_800_000_000) -> None:
+def _externalize_if_large(path: Path) -> None:
     """Move weights to ``<file>.data`` when the graph is near the 2 GB protobuf limit."""
     import onnx
+    from facefuse.export.quantize import EXTERNAL_DATA_LIMIT, save_model
 
-    if path.stat().st_size < limit:
+    if path.stat().st_size < EXTERNAL_DATA_LIMIT:
         return
-    model = onnx.load(str(path), load_external_data=True)
-    onnx.save_model(
-        model,
-        str(path),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=path.name + ".data",
-    )
+    save_model(onnx.load(str(path), load_external_data=True), path, large=True)
 
 
 def _parity(name: str, path: Path, feeds: dict, reference: list[np.ndarray]) -> ExportResult:

@@ -112,28 +112,49 @@ def unet_rows_and_execs(metrics_url: str) -> tuple[float, float]:
 # ---------------------------------------------------------------- contenders
 
 
-def run_server_contender(repository: Path, levels, counts, steps, source, target) -> dict:
+def remote_fusion(grpc_url: str, source: bytes, target: bytes, steps: int | None = None):
+    """``call(index)``: the benchmark request through the server (a gRPC client per thread)."""
     from facefuse.client import Client
+
+    clients = threading.local()
+
+    def call(index: int) -> None:
+        if not hasattr(clients, "client"):
+            clients.client = Client(grpc_url, "grpc")
+        clients.client.fuse(
+            source,
+            target,
+            INSTRUCTION,
+            steps=steps,
+            strength=STRENGTH,
+            guidance=GUIDANCE,
+            seed=index,
+        )
+
+    return call
+
+
+def local_fusion(pipeline, source: bytes, target: bytes):
+    """``call(index)``: the benchmark request on an in-process pipeline, one at a time."""
+    from facefuse.diffusion.pipeline import params_from
+
+    lock = threading.Lock()
+
+    def call(index: int) -> None:
+        with lock:
+            params = params_from(strength=STRENGTH, guidance=GUIDANCE, seed=index)
+            pipeline.fuse(source, target, INSTRUCTION, params)
+
+    return call
+
+
+def run_server_contender(repository: Path, levels, counts, steps, source, target) -> dict:
     from facefuse.server import LocalTritonServer, ServerConfig
 
     out = {}
     log = repository.parent / f"{repository.name}-server.log"
     with LocalTritonServer(ServerConfig(repository=repository), log_path=log) as server:
-        clients = threading.local()
-
-        def call(index: int) -> None:
-            if not hasattr(clients, "client"):
-                clients.client = Client(server.grpc_url, "grpc")
-            clients.client.fuse(
-                source,
-                target,
-                INSTRUCTION,
-                steps=steps,
-                strength=STRENGTH,
-                guidance=GUIDANCE,
-                seed=index,
-            )
-
+        call = remote_fusion(server.grpc_url, source, target, steps)
         # Warm-up, not measured: one round at the highest concurrency, so that every pipeline
         # instance has served once and the composing models have seen their batch shapes
         # (first requests pay lazy loads and ORT allocations: ~1 s each on the tiny model).
@@ -220,16 +241,7 @@ def in_process_pipeline(repository: Path):
 
 def run_in_process(repository: Path, levels, counts, source, target) -> dict:
     """The optimised loop without a server: ORT sessions in this process."""
-    from facefuse.diffusion.pipeline import params_from
-
-    pipeline = in_process_pipeline(repository)
-    lock = threading.Lock()
-
-    def call(index: int) -> None:
-        with lock:
-            params = params_from(strength=STRENGTH, guidance=GUIDANCE, seed=index)
-            pipeline.fuse(source, target, INSTRUCTION, params)
-
+    call = local_fusion(in_process_pipeline(repository), source, target)
     call(0)
     return {
         level: _with_summary(run_closed_loop(call, level, count))
@@ -237,7 +249,7 @@ def run_in_process(repository: Path, levels, counts, source, target) -> dict:
     }
 
 
-def measure_overhead(repository: Path, pairs: int, source, target) -> dict:
+def measure_overhead(repository: Path, pairs: int, warm_concurrency: int, source, target) -> dict:
     """Triton's cost per request: the same request through the server and in-process, in
     alternation at concurrency 1, so that the machine's noise hits both sides alike.
 
@@ -245,25 +257,14 @@ def measure_overhead(repository: Path, pairs: int, source, target) -> dict:
     server side also pays pasting back + PNG encoding and the gRPC transfer of the image."""
     import numpy as np
 
-    from facefuse.client import Client
-    from facefuse.diffusion.pipeline import params_from
     from facefuse.server import LocalTritonServer, ServerConfig
 
-    pipeline = in_process_pipeline(repository)
+    local = local_fusion(in_process_pipeline(repository), source, target)
     log = repository.parent / f"{repository.name}-overhead-server.log"
     with LocalTritonServer(ServerConfig(repository=repository), log_path=log) as server:
-        client = Client(server.grpc_url, "grpc")
-
-        def remote(index: int) -> None:
-            client.fuse(
-                source, target, INSTRUCTION, strength=STRENGTH, guidance=GUIDANCE, seed=index
-            )
-
-        def local(index: int) -> None:
-            params = params_from(strength=STRENGTH, guidance=GUIDANCE, seed=index)
-            pipeline.fuse(source, target, INSTRUCTION, params)
-
-        run_closed_loop(remote, 4, 4)  # warm-up, as for the facefuse contender
+        remote = remote_fusion(server.grpc_url, source, target)
+        # warm-up as for the facefuse contender: every pipeline instance serves once
+        run_closed_loop(remote, warm_concurrency, warm_concurrency)
         local(0)
         server_ms, local_ms = [], []
         for index in range(pairs):
@@ -380,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
             runs = run_server_contender(repository, levels, counts, None, source, target)
         else:
             runs = run_in_process(repository, [1], [counts[0]], source, target)
-            overhead = measure_overhead(repository, counts[0] + 2, source, target)
+            overhead = measure_overhead(repository, counts[0] + 2, max(levels), source, target)
             print(json.dumps({"overhead (paired)": overhead}, indent=1), flush=True)
         results[name] = {str(level): summary for level, (_, summary) in runs.items()}
         print(json.dumps(results[name], indent=1), flush=True)

@@ -18,11 +18,12 @@ max abs difference of the cached hidden states and pooled output to the PyTorch 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from facefuse.bench import print_report, progress_log
 
 DEFAULT_PROMPTS = Path("../shared/data/prompts/portrait_prompts_dev.txt")
 PREFIX_LENGTHS = (16, 32, 48, 64)
@@ -242,8 +243,7 @@ def _verdict(report: dict) -> list[str]:
 
 
 def run(args) -> int:
-    def log(message: str) -> None:
-        print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
+    log = progress_log(args.json)
 
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [s for s in shapes if s not in ("tiny", "sd15")]
@@ -253,9 +253,5 @@ def run(args) -> int:
         raise InvalidInput("--shapes/--iters", "shapes from tiny, sd15 and at least 2 iterations")
     report = {"shapes": [bench_shape(name, args, log) for name in shapes]}
     report["verdict"] = _verdict(report)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for line in report["verdict"]:
-            print(line)
+    print_report(report, args.json)
     return 0

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import gc
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from facefuse.bench import print_report, progress_log
 
 INSTRUCTION = "a smiling portrait, natural light, sharp focus"
 TARGET_UNET_VS_ORT = 1.2
@@ -334,8 +335,7 @@ def _verdict(report: dict) -> list[str]:
 
 
 def run(args) -> int:
-    def log(message: str) -> None:
-        print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
+    log = progress_log(args.json)
 
     if args.iters < 1 or args.e2e_iters < 1 or args.latent < 8 or args.latent % 8:
         from facefuse.errors import InvalidInput
@@ -349,9 +349,5 @@ def run(args) -> int:
     if not args.skip_e2e:
         report["e2e"] = bench_e2e(args, log)
     report["verdict"] = _verdict(report)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for line in report["verdict"]:
-            print(line)
+    print_report(report, args.json)
     return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from facefuse.errors import ModelLoadError
-from facefuse.runtime import SessionOptions, ort_session_options
+from facefuse.runtime import SessionOptions, open_session
 
 KV_PREFIX_FILE = "text_encoder_kv_prefix.onnx"
 KV_SUFFIX_FILE = "text_encoder_kv_suffix.onnx"
@@ -96,16 +96,11 @@ class KvRuntime:
     """The prefix graph (positions 0..P-1) and the suffix graph (P..P+S-1 given past K/V)."""
 
     def __init__(self, onnx_dir: str | Path, intra_op_threads: int = 0):
-        import onnxruntime as ort
-
+        """A missing or corrupt graph is a ModelLoadError naming its file (``open_session``)."""
         self.manifest = KvManifest.load(onnx_dir)
-        options = ort_session_options(SessionOptions(intra_op_threads=intra_op_threads))
-        providers = ["CPUExecutionProvider"]
-        try:
-            self._prefix = ort.InferenceSession(str(self.manifest.prefix_path), options, providers)
-            self._suffix = ort.InferenceSession(str(self.manifest.suffix_path), options, providers)
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise ModelLoadError(f"text_encoder KV graphs in {onnx_dir}: {exc}") from exc
+        options = SessionOptions(intra_op_threads=intra_op_threads)
+        self._prefix = open_session(self.manifest.prefix_path, options)
+        self._suffix = open_session(self.manifest.suffix_path, options)
 
     def _wrap(self, outputs) -> StepOutput:
         final = outputs[2] if self.manifest.has_final else outputs[1]
