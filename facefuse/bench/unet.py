@@ -6,7 +6,8 @@
    eager fp32, all with the same thread count, calls interleaved round-robin so that machine
    noise hits every backend alike. The fp32 export (~3.4 GB, external data) and the INT8 files
    are cached under ``--workdir`` and reused by later runs.
-2. **End to end** face fusion on the tiny model (in-process ORT stages, the sample photos,
+2. **End to end** face fusion on ``--e2e-model`` (default tiny; ``mid`` is UNet-dominated like
+   SD 1.5; in-process ORT stages, the sample photos,
    fixed seed): the baseline fp32 + DDIM 50 steps against DPM-Solver++ 20 steps and adaptive
    steps, for fp32 and INT8 UNet files, interleaved; ratios are baseline / candidate medians.
 
@@ -45,6 +46,15 @@ def register(subparsers) -> None:
     parser.add_argument("--skip-sd15", action="store_true", help="only the end-to-end part")
     parser.add_argument("--skip-e2e", action="store_true", help="only the per-call part")
     parser.add_argument("--workdir", type=Path, default=Path(".cache/bench/unet"))
+    parser.add_argument(
+        "--e2e-model", default="tiny", help="'tiny', 'mid' or a diffusers SD 1.x folder"
+    )
+    parser.add_argument(
+        "--e2e-work-dir",
+        type=Path,
+        default=Path(".cache/bench"),
+        help="the end-to-end model's export (shared with bench e2e)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(func=run)
@@ -183,43 +193,16 @@ def bench_sd15(args, log) -> dict:
     }
 
 
-def _tiny_repository(args, log) -> Path:
-    """Export (or reuse) the tiny model with its INT8 UNet into ``workdir/tiny-repo``."""
-    import onnxruntime
-    import torch
-
-    from facefuse.export.quantize import export_cpu_variant
-    from facefuse.export.repository import export_repository, model_identity
-    from facefuse.models.loading import load_components, resolve_model
-
-    repo = args.workdir / "tiny-repo"
-    stamp = repo / "stamp.json"
-    want = {
-        "model": model_identity(resolve_model("tiny")),
-        "torch": torch.__version__,
-        "ort": onnxruntime.__version__,
-    }
-    if stamp.is_file() and json.loads(stamp.read_text()) == want:
-        return repo
-    repo.mkdir(parents=True, exist_ok=True)
-    results = export_repository(load_components("tiny"), repo)
-    if not all(r.ok for r in results):
-        failed = [(r.name, r.max_abs_diff) for r in results if not r.ok]
-        raise RuntimeError(f"tiny export failed parity: {failed}")
-    export_cpu_variant(repo, "int8")
-    stamp.write_text(json.dumps(want))
-    log(f"[tiny] exported repository with INT8 UNet into {repo}")
-    return repo
-
-
 def bench_e2e(args, log) -> dict:
+    from facefuse.bench.e2e import exported_repository
     from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline, params_from
     from facefuse.diffusion.stages import local_stages
     from facefuse.samples import sample_pair
 
     threads = _threads(args)
-    repo = _tiny_repository(args, log)
+    repo = exported_repository(args.e2e_model, args.e2e_work_dir)
+    log(f"[{args.e2e_model} e2e] repository {repo} (fp32 and INT8 UNet)")
     manifest = PipelineManifest.load(repo / "facefusion" / "1" / MANIFEST_NAME)
     stages = {v: local_stages(repo, threads, variant=v) for v in ("fp32", "int8")}
     source, target = sample_pair()
@@ -278,7 +261,7 @@ def bench_e2e(args, log) -> dict:
         )
         report[name] = stats
         log(
-            f"[tiny e2e] {name:<22} median {stats['median_ms']:8.1f} ms  "
+            f"[{args.e2e_model} e2e] {name:<22} median {stats['median_ms']:8.1f} ms  "
             f"(denoise {stats['denoise_median_ms']:7.1f} ms, steps {info['steps']}, "
             f"unet calls {info['unet_calls']})"
         )
@@ -286,7 +269,7 @@ def bench_e2e(args, log) -> dict:
     candidates = [n for n, c in configs.items() if n != "baseline fp32 ddim-50" and not c[3]]
     best = min(candidates, key=lambda n: report[n]["median_ms"])
     return {
-        "model": "tiny",
+        "model": args.e2e_model,
         "threads": threads,
         "strength": params_from().strength,
         "configs": report,
@@ -320,14 +303,15 @@ def _verdict(report: dict) -> list[str]:
         )
     e2e = report.get("e2e")
     if e2e:
+        tag = f"[{e2e['model']} e2e]"
         for name, ratio in e2e["ratios"].items():
             lines.append(
-                f"[tiny e2e] ddim-50 fp32 / {name}: end-to-end x{ratio['end_to_end']:.2f}, "
+                f"{tag} ddim-50 fp32 / {name}: end-to-end x{ratio['end_to_end']:.2f}, "
                 f"denoise x{ratio['denoise']:.2f}"
             )
         best = e2e["ratios"][e2e["best"]]["end_to_end"]
         lines.append(
-            f"[tiny e2e] best default-quality config ({e2e['best']}) x{best:.2f} "
+            f"{tag} best default-quality config ({e2e['best']}) x{best:.2f} "
             f"(target x{TARGET_E2E}: "
             f"{'yes' if best >= TARGET_E2E else 'NO'})"
         )

@@ -37,6 +37,12 @@ def register(subparsers) -> None:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="denoising steps")
     parser.add_argument("--scheduler", default="dpm++", choices=("dpm++", "ddim", "euler"))
     parser.add_argument("--cases", type=int, default=0, help="run only the first N cases")
+    parser.add_argument(
+        "--cfg-truncation",
+        type=float,
+        default=0.0,
+        help="run the candidate with guidance skipped for this last fraction of steps",
+    )
     parser.add_argument("--threads", type=int, default=0, help="ORT intra-op threads")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
@@ -48,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 1 <= args.steps <= 100:
         raise InvalidInput("--steps", f"must be in 1..100, got {args.steps}")
+    if not 0.0 <= args.cfg_truncation <= 1.0:
+        raise InvalidInput("--cfg-truncation", f"must be in [0, 1], got {args.cfg_truncation}")
     if args.cases < 0:
         raise InvalidInput("--cases", f"must be >= 0, got {args.cases}")
     cases = fixed_cases()
@@ -57,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
-    log(f"fidelity gate: {args.candidate} vs {args.reference} on {args.repository}")
+    truncated = (
+        f" (CFG truncated for the last {args.cfg_truncation:g})" if args.cfg_truncation else ""
+    )
+    log(f"fidelity gate: {args.candidate}{truncated} vs {args.reference} on {args.repository}")
     report = run_gate(
         args.repository,
         reference=args.reference,
@@ -68,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         cases=cases,
         intra_op_threads=args.threads,
         log=log,
+        candidate_cfg_truncation=args.cfg_truncation,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

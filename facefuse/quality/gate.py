@@ -90,6 +90,7 @@ class GateReport:
     threshold_db: float
     steps: int
     scheduler: str
+    candidate_cfg_truncation: float = 0.0
     cases: list[CaseResult] = field(default_factory=list)
 
     @property
@@ -158,8 +159,13 @@ def run_gate(
     cases: Sequence[GateCase] | None = None,
     intra_op_threads: int = 0,
     log: Callable[[str], None] = lambda _: None,
+    candidate_cfg_truncation: float = 0.0,
 ) -> GateReport:
-    """Run ``cases`` (default :func:`fixed_cases`) through both variants and compare."""
+    """Run ``cases`` (default :func:`fixed_cases`) through both variants and compare.
+
+    ``candidate_cfg_truncation`` runs the candidate with classifier-free guidance truncated
+    for that last fraction of steps; the reference always runs full guidance, so the gate
+    prices the truncation lever and the precision together."""
     from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline, params_from
     from facefuse.diffusion.stages import local_stages
@@ -170,8 +176,13 @@ def run_gate(
     cand_stages = local_stages(root, intra_op_threads, variant=candidate)
     faces = _memo(ref_stages.analyze_faces)
     recorders = (_Recorder(ref_stages, faces), _Recorder(cand_stages, faces))
-    pipelines = [Pipeline(r.stages, manifest, scheduler) for r in recorders]
-    report = GateReport(reference, candidate, threshold_db, steps, scheduler)
+    pipelines = [
+        Pipeline(recorders[0].stages, manifest, scheduler),
+        Pipeline(recorders[1].stages, manifest, scheduler, cfg_truncation=candidate_cfg_truncation),
+    ]
+    report = GateReport(
+        reference, candidate, threshold_db, steps, scheduler, candidate_cfg_truncation
+    )
     for case in cases if cases is not None else fixed_cases():
         params = params_from(steps=steps, seed=case.seed)
         images = []

@@ -68,6 +68,31 @@ def test_fp32_against_itself_is_exact(int8_repository):
     assert case.psnr_db == PSNR_CAP_DB and case.max_abs_latents == 0.0 and report.passed
 
 
+def test_gate_prices_cfg_truncation_against_full_guidance(int8_repository):
+    """Same precision, candidate truncated: only the guidance differs, and the gate sees it."""
+    from facefuse.quality.gate import fixed_cases, run_gate
+
+    report = run_gate(
+        int8_repository,
+        "fp32",
+        "fp32",
+        steps=8,
+        cases=fixed_cases()[:1],
+        candidate_cfg_truncation=0.5,
+    )
+    (case,) = report.cases
+    assert report.to_dict()["candidate_cfg_truncation"] == 0.5
+    assert case.max_abs_conditioning == 0.0 and case.max_abs_latents > 0.0
+    assert case.psnr_db < PSNR_CAP_DB
+
+
+def test_gate_command_rejects_cfg_truncation_out_of_range(capsys):
+    from facefuse.cli import main
+
+    assert main(["quality", "--cfg-truncation", "1.5"]) == 2
+    assert "--cfg-truncation" in capsys.readouterr().err
+
+
 def _perturbed_repository(source, destination, scale):
     """A copy whose int8 file is the fp32 UNet with noisy weights: a variant that is wrong."""
     import onnx
