@@ -2,7 +2,8 @@
 
 :func:`naive_repository` builds baseline B of ``facefuse bench e2e``: what a deployment that
 follows NVIDIA's examples looks like - no dynamic batching, one instance per model, DDIM,
-fp32, no prompt compression, no prefix cache. Artefacts are symlinked, never copied.
+the fp32 UNet (the default serves INT8 through ``onnx_file``), no prompt compression, no
+prefix cache. Artefacts are symlinked, never copied.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ def naive_repository(source: str | Path, destination: str | Path) -> Path:
             config = set_parameter(config, "scheduler", "ddim")
         if model.name == "prompt_optimizer":
             config = set_parameter(config, "compress", "false")
+        if model.name == "unet":
+            config = set_parameter(config, "onnx_file", "model.onnx")
         if model.name == "text_encoder":
             config = set_parameter(config, "cache_budget_bytes", "0")
         config_path.write_text(config)

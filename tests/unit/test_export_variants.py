@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from facefuse.export.variants import copy_repository_sources, naive_repository
+from facefuse.export.variants import copy_repository_sources, get_parameter, naive_repository
+
+REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 
 
 def _write(path: Path, text: str) -> None:
@@ -45,3 +47,20 @@ def test_fresh_copy_has_no_artefacts_and_naive_copy_drops_batching(tmp_path):
     assert not list(dest.rglob("*.onnx")) and not list(dest.rglob("*.json"))
     naive = naive_repository(source, tmp_path / "naive")
     assert "count: 1" in (naive / "unet" / "config.pbtxt").read_text()
+
+
+def test_naive_copy_is_baseline_b_fp32_ddim_no_compression_no_cache(tmp_path):
+    """From the shipped configs: the served default is INT8; baseline B must run fp32."""
+    source = copy_repository_sources(REPOSITORY, tmp_path / "src")
+    unet = (source / "unet" / "config.pbtxt").read_text()
+    assert get_parameter(unet, "onnx_file") == "model.int8.onnx"
+    naive = naive_repository(source, tmp_path / "naive")
+
+    def config(model):
+        return (naive / model / "config.pbtxt").read_text()
+
+    assert get_parameter(config("unet"), "onnx_file") == "model.onnx"
+    assert "dynamic_batching" not in config("unet")
+    assert get_parameter(config("facefusion"), "scheduler") == "ddim"
+    assert get_parameter(config("prompt_optimizer"), "compress") == "false"
+    assert get_parameter(config("text_encoder"), "cache_budget_bytes") == "0"
