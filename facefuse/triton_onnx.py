@@ -16,7 +16,7 @@ import numpy as np
 from facefuse import metrics
 from facefuse.limits import DEFAULT_LIMITS, check_tensor
 from facefuse.memory import check_cpu_fits
-from facefuse.runtime import SessionOptions, open_session, run_batched
+from facefuse.runtime import PartsRunner, SessionOptions, open_session, run_batched
 from facefuse.triton_io import TritonMetric, error_response, pb_utils
 
 ONNX_FILE = "model.onnx"
@@ -48,6 +48,9 @@ class OnnxTritonModel:
         if params.get("check_memory", "true").lower() == "true":
             check_cpu_fits(graph)  # refuse a variant that would not fit (facefuse.memory)
         self.session = open_session(graph, options)
+        # `parallel_runs` > 1: a forward of several rows runs as that many row slices at once
+        # (facefuse.runtime.PartsRunner), each on `intra_op_threads` threads
+        self.runner = PartsRunner(self._run_session, int(params.get("parallel_runs", "1")))
         # the graph's input signature, read once: requests are checked against it
         self.input_shapes = {i.name.lower(): i.shape for i in self.session.get_inputs()}
         self.max_rows = int(config.get("max_batch_size", 0)) or None
@@ -65,8 +68,11 @@ class OnnxTritonModel:
             metrics.ONNX_REQUESTS, "Triton requests served by a batching Python model", **labels
         )
 
-    def _forward(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def _run_session(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self.session.run(list(self.OUTPUTS), feeds)
+
+    def _forward(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self.runner(feeds)
 
     def _inputs(self, request) -> dict[str, np.ndarray]:
         pb = pb_utils()
@@ -116,4 +122,5 @@ class OnnxTritonModel:
         return responses
 
     def finalize(self) -> None:
+        self.runner.close()
         self.session = None

@@ -224,7 +224,8 @@ def run_baseline_a(model: str, levels, counts, source, target) -> dict:
 
 
 def in_process_pipeline(repository: Path):
-    """facefuse's default loop on the repository's ONNX files, without a server."""
+    """facefuse's default loop on the repository's ONNX files, without a server; the UNet
+    runs as the ``unet`` model's config says (served file, threads, parallel runs)."""
     from facefuse.diffusion.manifest import PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline
     from facefuse.diffusion.stages import local_stages
@@ -236,7 +237,13 @@ def in_process_pipeline(repository: Path):
         (repository / "prompt_optimizer" / "config.pbtxt").read_text(), "prompt_template"
     )
     variant = "int8" if served == "model.int8.onnx" else "fp32"
-    return Pipeline(local_stages(repository, variant=variant, template=template), manifest)
+    unet_config = (repository / "unet" / "config.pbtxt").read_text()
+    unet_parts = (
+        int(get_parameter(unet_config, "parallel_runs", "1")),
+        int(get_parameter(unet_config, "intra_op_threads", "0")),
+    )
+    stages = local_stages(repository, variant=variant, template=template, unet_parts=unet_parts)
+    return Pipeline(stages, manifest)
 
 
 def run_in_process(repository: Path, levels, counts, source, target) -> dict:

@@ -66,26 +66,34 @@ def bls_stages(models: dict[str, str] | None = None) -> Stages:
 
 
 def local_stages(
-    repository: str | Path, intra_op_threads: int = 0, variant: str = "fp32", template: str = ""
+    repository: str | Path,
+    intra_op_threads: int = 0,
+    variant: str = "fp32",
+    template: str = "",
+    unet_parts: tuple[int, int] | None = None,
 ) -> Stages:
     """The same stages in-process: ORT sessions on the repository's ONNX files, no server.
 
     ``variant`` picks the precision files (``facefuse.variants.variant_files``); ``template``
-    is the prompt optimizer's fixed prefix (its ``prompt_template`` parameter)."""
+    is the prompt optimizer's fixed prefix (its ``prompt_template`` parameter);
+    ``unet_parts`` = (parallel runs, threads each) runs the UNet as the served ``unet`` model
+    does with those parameters (``facefuse.runtime.PartsRunner``)."""
     from facefuse.face.fusion import prepare_fusion
     from facefuse.face.imageio import decode_image
     from facefuse.memory import check_cpu_fits
     from facefuse.prompt.optimizer import optimize
     from facefuse.prompt.tokenizer import load_tokenizer
-    from facefuse.runtime import SessionOptions, open_session
+    from facefuse.runtime import PartsRunner, SessionOptions, open_session
     from facefuse.variants import variant_files
 
     root = Path(repository)
-    options = SessionOptions(intra_op_threads=intra_op_threads)
+    parts, unet_threads = unet_parts or (1, intra_op_threads)
     sessions = {}
     for name, file in variant_files(variant).items():
         check_cpu_fits(root / name / "1" / file)  # a clear refusal instead of an OOM kill
-        sessions[name] = open_session(root / name / "1" / file, options)
+        threads = unet_threads if name == "unet" else intra_op_threads
+        sessions[name] = open_session(root / name / "1" / file, SessionOptions(threads))
+    run_unet = PartsRunner(lambda feeds: sessions["unet"].run(None, feeds), parts)
     tokenizer = load_tokenizer(root / "prompt_optimizer" / "1")
 
     def analyze_faces(source: bytes, target: bytes, size: int):
@@ -108,7 +116,7 @@ def local_stages(
 
     def unet(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
         feeds = {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
-        return sessions["unet"].run(None, feeds)[0]
+        return run_unet(feeds)[0]
 
     def decode_latents(latents: np.ndarray):
         return sessions["vae_decoder"].run(None, {"latent": latents})[0]
