@@ -114,6 +114,18 @@ def _forward_chunk(forward, requests, chunk, results, stats: BatchStats) -> None
         offset += rows
 
 
+def threads_per_part(intra_op_threads: int, parts: int, cores: int | None = None) -> int:
+    """ORT threads for each of ``parts`` concurrent runs: ``intra_op_threads`` when set (> 0),
+    otherwise the usable cores shared out (at least 1), so that the parts together use them all."""
+    if intra_op_threads > 0 or parts <= 1:
+        return intra_op_threads
+    if cores is None:
+        import os
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // parts)
+
+
 class PartsRunner:
     """``forward(feeds)`` over row slices run at the same time, outputs concatenated in row order.
 

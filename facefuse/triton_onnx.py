@@ -16,7 +16,13 @@ import numpy as np
 from facefuse import metrics
 from facefuse.limits import DEFAULT_LIMITS, check_tensor
 from facefuse.memory import check_cpu_fits
-from facefuse.runtime import PartsRunner, SessionOptions, open_session, run_batched
+from facefuse.runtime import (
+    PartsRunner,
+    SessionOptions,
+    open_session,
+    run_batched,
+    threads_per_part,
+)
 from facefuse.triton_io import TritonMetric, error_response, pb_utils
 
 ONNX_FILE = "model.onnx"
@@ -38,8 +44,9 @@ class OnnxTritonModel:
         config = json.loads(args["model_config"])
         self.name = config["name"]
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        parts = int(params.get("parallel_runs", "1"))
         options = SessionOptions(
-            intra_op_threads=int(params.get("intra_op_threads", "0")),
+            intra_op_threads=threads_per_part(int(params.get("intra_op_threads", "0")), parts),
             inter_op_threads=int(params.get("inter_op_threads", "1")),
             allow_spinning=params.get("allow_spinning", "false").lower() == "true",
         )
@@ -49,8 +56,8 @@ class OnnxTritonModel:
             check_cpu_fits(graph)  # refuse a variant that would not fit (facefuse.memory)
         self.session = open_session(graph, options)
         # `parallel_runs` > 1: a forward of several rows runs as that many row slices at once
-        # (facefuse.runtime.PartsRunner), each on `intra_op_threads` threads
-        self.runner = PartsRunner(self._run_session, int(params.get("parallel_runs", "1")))
+        # (facefuse.runtime.PartsRunner), each on `intra_op_threads` threads (0: cores / parts)
+        self.runner = PartsRunner(self._run_session, parts)
         # the graph's input signature, read once: requests are checked against it
         self.input_shapes = {i.name.lower(): i.shape for i in self.session.get_inputs()}
         self.max_rows = int(config.get("max_batch_size", 0)) or None

@@ -83,11 +83,12 @@ def local_stages(
     from facefuse.memory import check_cpu_fits
     from facefuse.prompt.optimizer import optimize
     from facefuse.prompt.tokenizer import load_tokenizer
-    from facefuse.runtime import PartsRunner, SessionOptions, open_session
+    from facefuse.runtime import PartsRunner, SessionOptions, open_session, threads_per_part
     from facefuse.variants import variant_files
 
     root = Path(repository)
     parts, unet_threads = unet_parts or (1, intra_op_threads)
+    unet_threads = threads_per_part(unet_threads, parts)
     sessions = {}
     for name, file in variant_files(variant).items():
         check_cpu_fits(root / name / "1" / file)  # a clear refusal instead of an OOM kill

@@ -57,3 +57,14 @@ def test_parts_run_concurrently():
 def test_parts_must_be_positive():
     with pytest.raises(ValueError, match="parts must be >= 1"):
         PartsRunner(lambda feeds: [], 0)
+
+
+def test_threads_per_part_shares_the_cores_unless_set():
+    from facefuse.runtime import threads_per_part
+
+    assert threads_per_part(0, 2, cores=2) == 1
+    assert threads_per_part(0, 2, cores=16) == 8
+    assert threads_per_part(0, 4, cores=2) == 1  # never 0 threads
+    assert threads_per_part(3, 2, cores=16) == 3  # an explicit count wins
+    assert threads_per_part(0, 1, cores=16) == 0  # one part: ORT's own default (all cores)
+    assert threads_per_part(0, 2) >= 1  # this machine's cores
