@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from facefuse import metrics
+from facefuse.errors import ModelLoadError
 from facefuse.limits import DEFAULT_LIMITS, check_tensor
 from facefuse.memory import check_cpu_fits
 from facefuse.runtime import (
@@ -26,6 +27,21 @@ from facefuse.runtime import (
 from facefuse.triton_io import TritonMetric, error_response, pb_utils
 
 ONNX_FILE = "model.onnx"
+
+
+def int_parameter(params: dict[str, str], key: str, default: int, minimum: int, model: str) -> int:
+    """Config parameter ``key`` as an integer >= ``minimum``; a ModelLoadError naming the model
+    and the parameter otherwise (Triton shows it as the load failure)."""
+    raw = params.get(key, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ModelLoadError(
+            f"{model}: parameter {key} must be an integer >= {minimum}, got {raw!r}"
+        )
+    return value
 
 
 class OnnxTritonModel:
@@ -44,10 +60,11 @@ class OnnxTritonModel:
         config = json.loads(args["model_config"])
         self.name = config["name"]
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        parts = int(params.get("parallel_runs", "1"))
+        parts = int_parameter(params, "parallel_runs", 1, 1, self.name)
+        threads = int_parameter(params, "intra_op_threads", 0, 0, self.name)
         options = SessionOptions(
-            intra_op_threads=threads_per_part(int(params.get("intra_op_threads", "0")), parts),
-            inter_op_threads=int(params.get("inter_op_threads", "1")),
+            intra_op_threads=threads_per_part(threads, parts),
+            inter_op_threads=int_parameter(params, "inter_op_threads", 1, 0, self.name),
             allow_spinning=params.get("allow_spinning", "false").lower() == "true",
         )
         version_dir = Path(args["model_repository"]) / args["model_version"]

@@ -68,3 +68,22 @@ def test_threads_per_part_shares_the_cores_unless_set():
     assert threads_per_part(3, 2, cores=16) == 3  # an explicit count wins
     assert threads_per_part(0, 1, cores=16) == 0  # one part: ORT's own default (all cores)
     assert threads_per_part(0, 2) >= 1  # this machine's cores
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "two", ""])
+def test_parallel_runs_parameter_refused_with_its_name(raw):
+    from facefuse.errors import ModelLoadError
+    from facefuse.triton_onnx import int_parameter
+
+    with pytest.raises(
+        ModelLoadError, match=r"unet: parameter parallel_runs must be an integer >= 1"
+    ):
+        int_parameter({"parallel_runs": raw}, "parallel_runs", 1, 1, "unet")
+
+
+def test_int_parameter_default_and_value():
+    from facefuse.triton_onnx import int_parameter
+
+    assert int_parameter({}, "parallel_runs", 1, 1, "unet") == 1
+    assert int_parameter({"intra_op_threads": "0"}, "intra_op_threads", 0, 0, "unet") == 0
+    assert int_parameter({"parallel_runs": "2"}, "parallel_runs", 1, 1, "unet") == 2
