@@ -2,8 +2,9 @@
 
 For each model shape (``tiny``; ``sd15`` = CLIP ViT-L/14 text tower, 123M parameters, random
 weights) the benchmark exports the full-forward ONNX graph (the one the ``text_encoder`` model
-would run without a cache) and the two KV graphs, then, on ONNX Runtime with the same thread
-count, times per prompt (batch 1, calls interleaved so that noise hits both sides alike):
+would run without a cache) and the two KV graphs, then, on ONNX Runtime with the same session
+options on both sides (thread count; spin-waiting off, as served), times per prompt (batch 1,
+calls interleaved so that noise hits both sides alike):
 
 - ``template-P`` (P = 16, 32, 48, 64): a P-token template (warm, pinned) + a different 8-token
   tail per prompt: every cached call is a prefix hit of P tokens;
@@ -160,15 +161,12 @@ def _measure(name, ids, encoder, full_session, reference, hits_expected=None):
 
 
 def bench_shape(shape_name: str, args, log) -> dict:
-    import onnxruntime as ort
-
     from facefuse.cache import CacheConfig, CachedTextEncoder, InMemoryMetrics
     from facefuse.export.text_encoder_kv import reference_outputs
+    from facefuse.runtime import SessionOptions, open_session
 
     model, full_path, kv_dir = _prepare(shape_name, args.workdir, args.seed, log)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = args.threads
-    full_session = ort.InferenceSession(str(full_path), options, ["CPUExecutionProvider"])
+    full_session = open_session(full_path, SessionOptions(intra_op_threads=args.threads))
     budget = int(args.budget_mb * 1024 * 1024)
     rng = np.random.default_rng(args.seed)
     results = []
