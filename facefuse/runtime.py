@@ -130,10 +130,15 @@ class PartsRunner:
     """``forward(feeds)`` over row slices run at the same time, outputs concatenated in row order.
 
     For graphs whose rows are independent (UNet, VAE, text encoder: no cross-row op), the result
-    equals one forward of all rows. ONNX Runtime releases the GIL inside ``run`` and a session
-    may run concurrently, so ``parts`` 1-thread runs of one session use ``parts`` cores; on the
-    2-core development machine two 1-thread runs side by side beat one 2-thread run by 1.1-1.3x
-    (README, issue 6). ``parts`` 1 calls ``forward`` directly.
+    equals one forward of all rows. Dynamic INT8 graphs are the exception: they quantise
+    activations with one scale per tensor, so a row's output depends on the rows it runs with
+    (by quantisation noise, max abs ~0.02 on the UNet; ``facefuse bench unet`` reports it), as
+    it does under Triton's dynamic batching.
+
+    ONNX Runtime releases the GIL inside ``run`` and a session may run concurrently, so
+    ``parts`` 1-thread runs of one session use ``parts`` cores; on the 2-core development
+    machine two 1-thread runs side by side beat one 2-thread run by 1.1-1.3x
+    (``facefuse bench unet``, README). ``parts`` 1 calls ``forward`` directly.
     """
 
     def __init__(

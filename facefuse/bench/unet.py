@@ -10,6 +10,10 @@
    SD 1.5; in-process ORT stages, the sample photos,
    fixed seed): the baseline fp32 + DDIM 50 steps against DPM-Solver++ 20 steps and adaptive
    steps, for fp32 and INT8 UNet files, interleaved; ratios are baseline / candidate medians.
+3. **Parallel runs** of the end-to-end model's UNet (fp32 and INT8 files, batches 2 and 8):
+   one run on all threads against ``--parallel-runs`` row slices run side by side with the
+   threads shared out, as the served ``unet`` does (``facefuse.runtime.PartsRunner``);
+   interleaved, ratio = one run / parallel runs, plus the max abs difference of the outputs.
 
 Prints ratios; ``--json`` prints the whole report.
 """
@@ -54,6 +58,12 @@ def register(subparsers) -> None:
         type=Path,
         default=Path(".cache/bench"),
         help="the end-to-end model's export (shared with bench e2e)",
+    )
+    parser.add_argument(
+        "--parallel-runs",
+        type=int,
+        default=2,
+        help="row slices run side by side in the parallel-runs part (1 skips that part)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -285,6 +295,63 @@ def bench_e2e(args, log) -> dict:
     }
 
 
+PARTS_BATCHES = (2, 8)
+
+
+def bench_parts(args, log, folder: Path) -> dict:
+    """One UNet run on all threads vs ``--parallel-runs`` slices side by side (served config),
+    on the fp32 and INT8 files in the version folder ``folder``."""
+    from facefuse.runtime import PartsRunner, SessionOptions, open_session, threads_per_part
+    from facefuse.variants import onnx_file
+
+    threads = _threads(args)
+    parts = args.parallel_runs
+    each = threads_per_part(0, parts, cores=threads)
+    rng = np.random.default_rng(args.seed)
+    report: dict = {"model": args.e2e_model, "threads": threads, "parts": parts, "runs": {}}
+    for precision in ("fp32", "int8"):
+        path = folder / onnx_file(precision)
+        single = open_session(path, SessionOptions(threads))
+        shared = open_session(path, SessionOptions(each))
+        sliced = PartsRunner(lambda f, s=shared: s.run(None, f), parts)
+        runners = {
+            "one run": lambda feeds, s=single: s.run(None, feeds)[0],
+            f"{parts} runs": lambda feeds, r=sliced: r(feeds)[0],
+        }
+        hidden = single.get_inputs()[2].shape[2]
+        for batch in PARTS_BATCHES:
+            feeds = {
+                "sample": rng.standard_normal((batch, 4, args.latent, args.latent)).astype(
+                    np.float32
+                ),
+                "timestep": np.full((batch,), 500.0, dtype=np.float32),
+                "encoder_hidden_states": rng.standard_normal((batch, 77, hidden)).astype(
+                    np.float32
+                ),
+            }
+            outputs = {name: run(feeds) for name, run in runners.items()}  # warm-up
+            times: dict[str, list[float]] = {name: [] for name in runners}
+            for _ in range(args.iters):
+                for name, run in runners.items():
+                    t0 = time.perf_counter()
+                    run(feeds)
+                    times[name].append(time.perf_counter() - t0)
+            stats = {name: _stats(t) for name, t in times.items()}
+            one, many = (stats[name]["median_ms"] for name in runners)
+            key = f"{precision} batch {batch}"
+            report["runs"][key] = {
+                "one_run": stats["one run"],
+                "parallel_runs": stats[f"{parts} runs"],
+                "speedup": one / many,
+                "max_abs_diff": float(np.abs(outputs["one run"] - outputs[f"{parts} runs"]).max()),
+            }
+            log(
+                f"[{args.e2e_model} unet] {key:<14} one run x{threads} threads {one:8.1f} ms, "
+                f"{parts} runs x{each} {many:8.1f} ms: x{one / many:.2f}"
+            )
+    return report
+
+
 def _verdict(report: dict) -> list[str]:
     lines = []
     sd15 = report.get("sd15")
@@ -321,17 +388,24 @@ def _verdict(report: dict) -> list[str]:
 def run(args) -> int:
     log = progress_log(args.json)
 
-    if args.iters < 1 or args.e2e_iters < 1 or args.latent < 8 or args.latent % 8:
-        from facefuse.errors import InvalidInput
+    from facefuse.errors import InvalidInput
 
+    if args.iters < 1 or args.e2e_iters < 1 or args.latent < 8 or args.latent % 8:
         raise InvalidInput(
             "--iters/--e2e-iters/--latent", "iterations >= 1 and a latent side divisible by 8"
         )
+    if args.parallel_runs < 1:
+        raise InvalidInput("--parallel-runs", f"must be >= 1, got {args.parallel_runs}")
     report: dict = {}
     if not args.skip_sd15:
         report["sd15"] = bench_sd15(args, log)
     if not args.skip_e2e:
         report["e2e"] = bench_e2e(args, log)
+    if args.parallel_runs > 1 and not args.skip_e2e:
+        from facefuse.bench.e2e import exported_repository
+
+        repository = exported_repository(args.e2e_model, args.e2e_work_dir)
+        report["parallel_runs"] = bench_parts(args, log, repository / "unet" / "1")
     report["verdict"] = _verdict(report)
     print_report(report, args.json)
     return 0

@@ -17,3 +17,22 @@ def test_bench_ratios_prefer_the_paired_overhead():
     paired = ratios(results, {"overhead_ms": 30.0, "overhead_pct": 2.5})
     assert paired["Triton overhead, % of end-to-end (c=1, paired median)"] == 2.5
     assert not any(key.endswith("(c=1 p50)") for key in paired)
+
+
+def test_bench_unet_parallel_runs_match_one_run(tiny_repository):
+    """The parallel-runs part times both ways on the same rows. fp32 slices equal one run; the
+    dynamic INT8 graph quantises activations per tensor, so a slice's scale differs from the
+    whole batch's and outputs move by quantisation noise (~0.02 here), far below the O(1)
+    error of rows put back in the wrong order."""
+    from argparse import Namespace
+
+    from facefuse.bench.unet import PARTS_BATCHES, bench_parts
+
+    args = Namespace(threads=2, parallel_runs=2, iters=1, latent=32, seed=0, e2e_model="tiny")
+    report = bench_parts(args, lambda _: None, tiny_repository / "unet" / "1")
+    assert sorted(report["runs"]) == sorted(
+        f"{p} batch {b}" for p in ("fp32", "int8") for b in PARTS_BATCHES
+    )
+    for key, run in report["runs"].items():
+        assert run["max_abs_diff"] <= (1e-5 if key.startswith("fp32") else 0.1), key
+        assert run["one_run"]["n"] == run["parallel_runs"]["n"] == 1
