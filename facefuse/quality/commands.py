@@ -43,6 +43,14 @@ def register(subparsers) -> None:
         default=0.0,
         help="run the candidate with guidance skipped for this last fraction of steps",
     )
+    parser.add_argument(
+        "--batched-with",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="run every candidate UNet call with ROWS other rows beside it, as under dynamic "
+        "batching (6: a batch of 8)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="ORT intra-op threads")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
@@ -56,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInput("--steps", f"must be in 1..100, got {args.steps}")
     if not 0.0 <= args.cfg_truncation <= 1.0:
         raise InvalidInput("--cfg-truncation", f"must be in [0, 1], got {args.cfg_truncation}")
+    if not 0 <= args.batched_with <= 64:
+        raise InvalidInput("--batched-with", f"must be in 0..64 rows, got {args.batched_with}")
     if args.cases < 0:
         raise InvalidInput("--cases", f"must be >= 0, got {args.cases}")
     cases = fixed_cases()
@@ -65,10 +75,12 @@ def run(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
-    truncated = (
+    levers = (
         f" (CFG truncated for the last {args.cfg_truncation:g})" if args.cfg_truncation else ""
     )
-    log(f"fidelity gate: {args.candidate}{truncated} vs {args.reference} on {args.repository}")
+    if args.batched_with:
+        levers += f" (batched with {args.batched_with} other rows)"
+    log(f"fidelity gate: {args.candidate}{levers} vs {args.reference} on {args.repository}")
     report = run_gate(
         args.repository,
         reference=args.reference,
@@ -80,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         intra_op_threads=args.threads,
         log=log,
         candidate_cfg_truncation=args.cfg_truncation,
+        candidate_batched_rows=args.batched_with,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +91,7 @@ class GateReport:
     steps: int
     scheduler: str
     candidate_cfg_truncation: float = 0.0
+    candidate_batched_rows: int = 0
     cases: list[CaseResult] = field(default_factory=list)
 
     @property
@@ -137,6 +138,30 @@ class _Recorder:
         )
 
 
+def co_batched(unet: Callable, rows: int, seed: int = 0) -> Callable:
+    """``unet`` run with ``rows`` extra rows appended to every call, its own rows returned.
+
+    The extra rows stand in for other requests that the served ``unet`` batches alongside:
+    seeded standard-normal latents (a noisy latent's scale) at the call's timestep, with the
+    call's own conditioning rows repeated. Rows of an fp32 graph are independent, so the result
+    is unchanged; a dynamic INT8 graph quantises activations with one scale per tensor, so its
+    rows move with their neighbours, and this prices that in the gate."""
+    rng = np.random.default_rng(seed)
+
+    def run(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray) -> np.ndarray:
+        n = len(sample)
+        pick = np.arange(rows) % n
+        extra = rng.standard_normal((rows, *sample.shape[1:])).astype(sample.dtype)
+        out = unet(
+            np.concatenate([sample, extra]),
+            np.concatenate([timestep, timestep[pick]]),
+            np.concatenate([context, context[pick]]),
+        )
+        return out[:n]
+
+    return run
+
+
 def _memo(fn: Callable) -> Callable:
     cache: dict = {}
 
@@ -160,12 +185,15 @@ def run_gate(
     intra_op_threads: int = 0,
     log: Callable[[str], None] = lambda _: None,
     candidate_cfg_truncation: float = 0.0,
+    candidate_batched_rows: int = 0,
 ) -> GateReport:
     """Run ``cases`` (default :func:`fixed_cases`) through both variants and compare.
 
     ``candidate_cfg_truncation`` runs the candidate with classifier-free guidance truncated
     for that last fraction of steps; the reference always runs full guidance, so the gate
-    prices the truncation lever and the precision together."""
+    prices the truncation lever and the precision together. ``candidate_batched_rows`` runs
+    every candidate UNet call with that many other rows beside it (:func:`co_batched`), as
+    under the served ``unet``'s dynamic batching (up to 8 rows: 6 beside a request's 2)."""
     from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline, params_from
     from facefuse.diffusion.stages import local_stages
@@ -174,6 +202,10 @@ def run_gate(
     manifest = PipelineManifest.load(root / "facefusion" / "1" / MANIFEST_NAME)
     ref_stages = local_stages(root, intra_op_threads, variant=reference)
     cand_stages = local_stages(root, intra_op_threads, variant=candidate)
+    if candidate_batched_rows:
+        cand_stages = replace(
+            cand_stages, unet=co_batched(cand_stages.unet, candidate_batched_rows)
+        )
     faces = _memo(ref_stages.analyze_faces)
     recorders = (_Recorder(ref_stages, faces), _Recorder(cand_stages, faces))
     pipelines = [
@@ -181,7 +213,13 @@ def run_gate(
         Pipeline(recorders[1].stages, manifest, scheduler, cfg_truncation=candidate_cfg_truncation),
     ]
     report = GateReport(
-        reference, candidate, threshold_db, steps, scheduler, candidate_cfg_truncation
+        reference,
+        candidate,
+        threshold_db,
+        steps,
+        scheduler,
+        candidate_cfg_truncation,
+        candidate_batched_rows,
     )
     for case in cases if cases is not None else fixed_cases():
         params = params_from(steps=steps, seed=case.seed)

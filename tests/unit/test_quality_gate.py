@@ -131,3 +131,27 @@ def test_gate_command_rejects_unknown_variant(capsys):
         main(["quality", "--candidate", "int4"])
     assert exc.value.code == 2
     assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_gate_prices_rows_batched_beside_the_candidate(int8_repository):
+    """Extra rows beside every UNet call change nothing in fp32 (rows are independent) but move
+    the dynamic INT8 graph's rows (one activation scale per tensor); INT8 still passes 32 dB."""
+    from facefuse.quality.gate import fixed_cases, run_gate
+
+    case = fixed_cases()[:1]
+    fp32 = run_gate(int8_repository, "fp32", "fp32", steps=4, cases=case, candidate_batched_rows=6)
+    assert fp32.cases[0].max_abs_latents == 0.0
+    alone, batched = (
+        run_gate(int8_repository, "fp32", "int8", 32.0, 4, cases=case, candidate_batched_rows=rows)
+        for rows in (0, 6)
+    )
+    assert batched.to_dict()["candidate_batched_rows"] == 6
+    assert batched.cases[0].max_abs_latents != alone.cases[0].max_abs_latents
+    assert batched.passed, batched.to_dict()
+
+
+def test_gate_command_rejects_negative_batched_rows(capsys):
+    from facefuse.cli import main
+
+    assert main(["quality", "--batched-with", "-1"]) == 2
+    assert "--batched-with" in capsys.readouterr().err
