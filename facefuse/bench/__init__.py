@@ -12,7 +12,12 @@ import json
 import sys
 from collections.abc import Callable
 
-BENCH_MODULES = ("facefuse.bench.text_encoder", "facefuse.bench.unet", "facefuse.bench.e2e")
+BENCH_MODULES = (
+    "facefuse.bench.text_encoder",
+    "facefuse.bench.unet",
+    "facefuse.bench.e2e",
+    "facefuse.bench.gpu",
+)
 
 
 def register(subparsers) -> None:

@@ -75,9 +75,7 @@ def run(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
-    levers = (
-        f" (CFG truncated for the last {args.cfg_truncation:g})" if args.cfg_truncation else ""
-    )
+    levers = f" (CFG truncated for the last {args.cfg_truncation:g})" if args.cfg_truncation else ""
     if args.batched_with:
         levers += f" (batched with {args.batched_with} other rows)"
     log(f"fidelity gate: {args.candidate}{levers} vs {args.reference} on {args.repository}")
