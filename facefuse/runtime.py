@@ -114,16 +114,21 @@ def _forward_chunk(forward, requests, chunk, results, stats: BatchStats) -> None
         offset += rows
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS reports one)."""
+    import os
+
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def threads_per_part(intra_op_threads: int, parts: int, cores: int | None = None) -> int:
     """ORT threads for each of ``parts`` concurrent runs: ``intra_op_threads`` when set (> 0),
     otherwise the usable cores shared out (at least 1), so that the parts together use them all."""
     if intra_op_threads > 0 or parts <= 1:
         return intra_op_threads
-    if cores is None:
-        import os
-
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // parts)
+    return max(1, (cores or usable_cores()) // parts)
 
 
 class PartsRunner:

@@ -17,6 +17,7 @@ diffusers only.
 
 from __future__ import annotations
 
+import copy
 import time
 
 import numpy as np
@@ -99,9 +100,8 @@ def bench(args, log) -> dict:
         np.full(args.batch, 500.0),
         rng.standard_normal((args.batch, 77, shape.text_hidden)),
     )
-    fp32_unet = build_unet(shape, args.seed).to(device)
-    models = {"fp32": fp32_unet}
-    models["fp16"] = build_unet(shape, args.seed).to(device).half()
+    fp32 = build_unet(shape, args.seed).to(device)
+    models = {"fp32": fp32, "fp16": copy.deepcopy(fp32).half()}  # the same weights, halved
     feeds = {
         name: [torch.from_numpy(a).to(device, getattr(torch, PRECISIONS[name])) for a in inputs]
         for name in models

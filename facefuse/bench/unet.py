@@ -81,9 +81,9 @@ def _stats(times_s: list[float]) -> dict[str, float]:
 
 
 def _threads(args) -> int:
-    import os
+    from facefuse.runtime import usable_cores
 
-    return args.threads or len(os.sched_getaffinity(0))
+    return args.threads or usable_cores()
 
 
 def _session(path: Path, threads: int):
@@ -203,15 +203,14 @@ def bench_sd15(args, log) -> dict:
     }
 
 
-def bench_e2e(args, log) -> dict:
-    from facefuse.bench.e2e import exported_repository
+def bench_e2e(args, log, repo: Path) -> dict:
+    """End-to-end fusion configurations on the exported repository ``repo``."""
     from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline, params_from
     from facefuse.diffusion.stages import local_stages
     from facefuse.samples import sample_pair
 
     threads = _threads(args)
-    repo = exported_repository(args.e2e_model, args.e2e_work_dir)
     log(f"[{args.e2e_model} e2e] repository {repo} (fp32 and INT8 UNet)")
     manifest = PipelineManifest.load(repo / "facefusion" / "1" / MANIFEST_NAME)
     stages = {v: local_stages(repo, threads, variant=v) for v in ("fp32", "int8")}
@@ -400,12 +399,12 @@ def run(args) -> int:
     if not args.skip_sd15:
         report["sd15"] = bench_sd15(args, log)
     if not args.skip_e2e:
-        report["e2e"] = bench_e2e(args, log)
-    if args.parallel_runs > 1 and not args.skip_e2e:
         from facefuse.bench.e2e import exported_repository
 
         repository = exported_repository(args.e2e_model, args.e2e_work_dir)
-        report["parallel_runs"] = bench_parts(args, log, repository / "unet" / "1")
+        report["e2e"] = bench_e2e(args, log, repository)
+        if args.parallel_runs > 1:
+            report["parallel_runs"] = bench_parts(args, log, repository / "unet" / "1")
     report["verdict"] = _verdict(report)
     print_report(report, args.json)
     return 0
