@@ -36,3 +36,10 @@ def test_bench_unet_parallel_runs_match_one_run(tiny_repository):
     for key, run in report["runs"].items():
         assert run["max_abs_diff"] <= (1e-5 if key.startswith("fp32") else 0.1), key
         assert run["one_run"]["n"] == run["parallel_runs"]["n"] == 1
+
+
+def test_bench_unet_rejects_parallel_runs_under_one(capsys):
+    from facefuse.cli import main
+
+    assert main(["bench", "unet", "--skip-sd15", "--parallel-runs", "0"]) == 2
+    assert "--parallel-runs" in capsys.readouterr().err
