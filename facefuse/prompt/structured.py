@@ -149,6 +149,22 @@ _MOODS = (
 _ITEM_RE = "|".join(sorted((re.escape(i) for i in ITEMS), key=len, reverse=True))
 _WHO = r"(?:him|her|them|the (?:person|man|woman|girl|boy|subject|face)|it|me|us)"
 
+# What may precede a qualified noun ("keep her short hair", "with red hair", "under soft
+# light", "in front of a brick background"); the qualifier itself may be absent ("keep the hair").
+_LEAD = (
+    rf"(?:please )?(?:(?:keep|add|use|with|wearing|give {_WHO}|make {_WHO}|put|place|in front of|"
+    rf"in|under|on|against|has|have) )?(?:(?:a|an|the|some|his|her|their|its) )?"
+)
+# noun in an edit ("change the light to warm") -> attribute key
+_NOUNS = {
+    "hair": "hair",
+    "eyes": "eyes",
+    "background": "background",
+    "lighting": "lighting",
+    "light": "lighting",
+}
+_NOUN_RE = "|".join(_NOUNS)
+
 _RULES: tuple[tuple[re.Pattern, str], ...] = tuple(
     (re.compile(p), kind)
     for p, kind in (
@@ -173,21 +189,16 @@ _RULES: tuple[tuple[re.Pattern, str], ...] = tuple(
             "item_off",
         ),
         (
-            r"^(?:(?:use |with |in |add |under )?(?:a |an |the |some )?)?(?P<v>[a-z][a-z -]*?) "
-            r"(?:light|lighting|lights|lit)$",
-            "lighting",
+            r"^(?:please )?(?:change|set|turn|make|keep|dye|colou?r) "
+            rf"(?:the |his |her |their |its )?(?P<k>{_NOUN_RE}) "
+            r"(?:to |into |as )?(?P<v>[a-z][a-z -]*)$",
+            "noun_change",
         ),
-        (
-            r"^(?:make {_WHO} |(?:change|set|turn) (?:the |his |her )?hair (?:to |into )?)?"
-            r"(?P<v>[a-z -]+?) hair$".replace("{_WHO}", _WHO),
-            "hair",
-        ),
-        (r"^(?P<v>[a-z -]+?) eyes$", "eyes"),
-        (
-            r"^(?:(?:use |with |in front of |on |against |put |place )?(?:a |an |the )?)"
-            r"(?P<v>[a-z -]+?) background$",
-            "background",
-        ),
+        (rf"^{_LEAD}(?P<v>[a-z][a-z -]*?) (?:light|lighting|lights|lit)$", "lighting"),
+        # a bare noun ("keep the hair") is the attribute set to True
+        (rf"^{_LEAD}(?:(?P<v>[a-z][a-z -]*?) )?hair$", "hair"),
+        (rf"^{_LEAD}(?:(?P<v>[a-z][a-z -]*?) )?eyes$", "eyes"),
+        (rf"^{_LEAD}(?:(?P<v>[a-z][a-z -]*?) )?background$", "background"),
         (
             r"^(?:(?:make it |render it |do it )?(?:in |as )?(?:the )?(?:style of |in )?)"
             r"(?P<v>[a-z -]+?) style$",
@@ -241,7 +252,7 @@ class ParsedInstruction:
 _FIRST_WORDS = frozenset(
     "please make let keep add give put wear wearing with show remove delete take without no "
     "drop lose get change set turn use in under on against place a an the some him her them it "
-    "me us render do as aged age about around".split()
+    "me us render do as aged age about around dye color colour".split()
 )
 _LAST_WORDS = frozenset("light lighting lights lit hair eyes background style".split())
 
@@ -259,7 +270,13 @@ def _match_clause(clause: str) -> tuple[str, object] | None:
         match = pattern.match(clause)
         if match is None:
             continue
+        if match["v"] is None:
+            return kind, True
         value = match["v"].strip()
+        if " with " in f" {value} ":
+            return None  # "a woman with red hair": the value would swallow the subject
+        if kind == "noun_change":
+            return _NOUNS[match["k"]], value
         if kind == "expression_verb":
             return "expression", _EXPRESSION_VERBS[value]
         if kind == "mood":

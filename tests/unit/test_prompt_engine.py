@@ -137,6 +137,27 @@ def test_instruction_maps_to_attributes_then_compact_prompt(tok):
     assert result.attributes["lighting"] == "studio"
 
 
+@pytest.mark.parametrize(
+    ("instruction", "attributes", "prompt"),
+    [
+        # the lead-in words are not the value: hair was "keep the" / "with red" before
+        ("keep the hair", {"hair": True}, "hair"),
+        ("keep her short hair", {"hair": "short"}, "short hair"),
+        ("with red hair", {"hair": "red"}, "red hair"),
+        ("keep his blue eyes", {"eyes": "blue"}, "blue eyes"),
+        ("change her hair to red", {"hair": "red"}, "red hair"),
+        ("keep her hair short", {"hair": "short"}, "short hair"),
+        ("make the background white", {"background": "white"}, "white background"),
+        ("change the light to warm", {"lighting": "warm"}, "warm lighting"),
+        # a subject before "with" is not a hair colour: nothing is parsed, nothing is lost
+        ("a woman with long red hair", {}, "woman long red hair"),
+    ],
+)
+def test_instruction_noun_clauses(tok, instruction, attributes, prompt):
+    assert parse_instruction(instruction).attributes == attributes
+    assert optimize(instruction, tok).prompt == prompt
+
+
 def test_remove_instruction_moves_item_to_negative_and_unknown_clauses_stay(tok):
     result = optimize("remove his beard and make him look older, standing on a pier", tok)
     assert "beard" not in result.prompt.split()
