@@ -143,7 +143,7 @@ def local_fusion(pipeline, source: bytes, target: bytes):
     def call(index: int) -> None:
         with lock:
             params = params_from(strength=STRENGTH, guidance=GUIDANCE, seed=index)
-            pipeline.fuse(source, target, INSTRUCTION, params)
+            pipeline.fuse_png(source, target, INSTRUCTION, params)
 
     return call
 
@@ -260,8 +260,9 @@ def measure_overhead(repository: Path, pairs: int, warm_concurrency: int, source
     """Triton's cost per request: the same request through the server and in-process, in
     alternation at concurrency 1, so that the machine's noise hits both sides alike.
 
-    ``overhead_ms`` is the median of the per-pair differences (server - in-process); the
-    server side also pays pasting back + PNG encoding and the gRPC transfer of the image."""
+    ``overhead_ms`` is the median of the per-pair differences (server - in-process). Both sides
+    do the same work, pasting back and PNG encoding included (:meth:`Pipeline.fuse_png`); the
+    server adds the gRPC transfers, the BLS calls between models and the batchers' waits."""
     import numpy as np
 
     from facefuse.server import LocalTritonServer, ServerConfig

@@ -8,8 +8,11 @@
    are cached under ``--workdir`` and reused by later runs.
 2. **End to end** face fusion on ``--e2e-model`` (default tiny; ``mid`` is UNet-dominated like
    SD 1.5; in-process ORT stages, the sample photos,
-   fixed seed): the baseline fp32 + DDIM 50 steps against DPM-Solver++ 20 steps and adaptive
-   steps, for fp32 and INT8 UNet files, interleaved; ratios are baseline / candidate medians.
+   fixed seed): the baseline fp32 + DDIM 50 steps (one ORT run on all threads per UNet call)
+   against DPM-Solver++ 20 steps and adaptive steps, for fp32 and INT8 UNet files, and the
+   served default (INT8, DPM++ 20, the UNet's rows in ``--parallel-runs`` slices as the served
+   ``unet`` runs them), interleaved; ratios are baseline / candidate medians. The baseline
+   with the same parallel runs is timed too, so that the steps and precision gain alone shows.
 3. **Parallel runs** of the end-to-end model's UNet (fp32 and INT8 files, batches 2 and 8):
    one run on all threads against ``--parallel-runs`` row slices run side by side with the
    threads shared out, as the served ``unet`` does (``facefuse.runtime.PartsRunner``);
@@ -33,6 +36,8 @@ INSTRUCTION = "a smiling portrait, natural light, sharp focus"
 TARGET_UNET_VS_ORT = 1.2
 TARGET_UNET_VS_TORCH = 1.5
 TARGET_E2E = 3.0
+BASELINE = "baseline fp32 ddim-50"
+SERVED = "served: int8 dpm++-20, parallel runs"
 
 
 def register(subparsers) -> None:
@@ -63,7 +68,8 @@ def register(subparsers) -> None:
         "--parallel-runs",
         type=int,
         default=2,
-        help="row slices run side by side in the parallel-runs part (1 skips that part)",
+        help="row slices run side by side, as the served unet does, in the parallel-runs part "
+        "and the served end-to-end configs (1 skips both)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -213,27 +219,36 @@ def bench_e2e(args, log, repo: Path) -> dict:
     threads = _threads(args)
     log(f"[{args.e2e_model} e2e] repository {repo} (fp32 and INT8 UNet)")
     manifest = PipelineManifest.load(repo / "facefusion" / "1" / MANIFEST_NAME)
-    stages = {v: local_stages(repo, threads, variant=v) for v in ("fp32", "int8")}
     source, target = sample_pair()
-    # name -> (variant, scheduler, steps or None for adaptive, CFG truncation)
+    parts = args.parallel_runs
+    # name -> (variant, scheduler, steps or None for adaptive, CFG truncation, UNet runs)
     configs = {
-        "baseline fp32 ddim-50": ("fp32", "ddim", 50, 0.0),
-        "fp32 dpm++-20": ("fp32", "dpm++", 20, 0.0),
-        "int8 dpm++-20": ("int8", "dpm++", 20, 0.0),
-        "fp32 dpm++-adaptive": ("fp32", "dpm++", None, 0.0),
-        "int8 dpm++-adaptive": ("int8", "dpm++", None, 0.0),
+        BASELINE: ("fp32", "ddim", 50, 0.0, 1),
+        "fp32 dpm++-20": ("fp32", "dpm++", 20, 0.0, 1),
+        "int8 dpm++-20": ("int8", "dpm++", 20, 0.0, 1),
+        "fp32 dpm++-adaptive": ("fp32", "dpm++", None, 0.0, 1),
+        "int8 dpm++-adaptive": ("int8", "dpm++", None, 0.0, 1),
         # not a default: the option, measured (unconditional half skipped in the last 30%)
-        "int8 dpm++-20 cfg-trunc-0.3": ("int8", "dpm++", 20, 0.3),
+        "int8 dpm++-20 cfg-trunc-0.3": ("int8", "dpm++", 20, 0.3, 1),
+    }
+    if parts > 1:  # the UNet as the served `unet` runs it, and the baseline given the same
+        configs[SERVED] = ("int8", "dpm++", 20, 0.0, parts)
+        configs[f"fp32 ddim-50 {parts} runs"] = ("fp32", "ddim", 50, 0.0, parts)
+    stages = {
+        (variant, runs): local_stages(
+            repo, threads, variant=variant, unet_parts=(runs, max(1, threads // runs))
+        )
+        for variant, runs in {(c[0], c[4]) for c in configs.values()}
     }
     pipelines = {
         name: Pipeline(
-            stages[variant],
+            stages[variant, runs],
             manifest,
             scheduler,
             adaptive_steps=steps is None,
             cfg_truncation=truncation,
         )
-        for name, (variant, scheduler, steps, truncation) in configs.items()
+        for name, (variant, scheduler, steps, truncation, runs) in configs.items()
     }
 
     def call(name):
@@ -253,7 +268,7 @@ def bench_e2e(args, log, repo: Path) -> dict:
             times[name].append(time.perf_counter() - t0)
             stage_ms[name].append(info["stage_ms"])
             infos[name] = (image, info)
-    baseline_image = infos["baseline fp32 ddim-50"][0]
+    baseline_image = infos[BASELINE][0]
     report = {}
     for name in configs:
         info = infos[name][1]
@@ -274,12 +289,21 @@ def bench_e2e(args, log, repo: Path) -> dict:
             f"(denoise {stats['denoise_median_ms']:7.1f} ms, steps {info['steps']}, "
             f"unet calls {info['unet_calls']})"
         )
-    base = report["baseline fp32 ddim-50"]
-    candidates = [n for n, c in configs.items() if n != "baseline fp32 ddim-50" and not c[3]]
+    base = report[BASELINE]
+    candidates = [n for n, c in configs.items() if c[1] != "ddim" and not c[3]]
     best = min(candidates, key=lambda n: report[n]["median_ms"])
+    like_for_like = {}
+    if parts > 1:  # steps + precision alone: both sides run the UNet in the same slices
+        like_for_like = {
+            "baseline": f"fp32 ddim-50 {parts} runs",
+            "candidate": SERVED,
+            "end_to_end": report[f"fp32 ddim-50 {parts} runs"]["median_ms"]
+            / report[SERVED]["median_ms"],
+        }
     return {
         "model": args.e2e_model,
         "threads": threads,
+        "like_for_like": like_for_like,
         "strength": params_from().strength,
         "configs": report,
         "best": best,
@@ -289,7 +313,7 @@ def bench_e2e(args, log, repo: Path) -> dict:
                 "denoise": base["denoise_median_ms"] / max(report[name]["denoise_median_ms"], 1e-9),
             }
             for name in configs
-            if name != "baseline fp32 ddim-50"
+            if name != BASELINE
         },
     }
 
@@ -381,6 +405,12 @@ def _verdict(report: dict) -> list[str]:
             f"(target x{TARGET_E2E}: "
             f"{'yes' if best >= TARGET_E2E else 'NO'})"
         )
+        same = e2e.get("like_for_like")
+        if same:
+            lines.append(
+                f"{tag} {same['baseline']} / {same['candidate']}: x{same['end_to_end']:.2f} "
+                "(steps and precision alone, the same parallel runs on both sides)"
+            )
     return lines
 
 

@@ -143,6 +143,12 @@ def test_in_process_pipeline_fuses_deterministically(tiny_repository, sample_ima
     assert info["steps_run"] == 2 and json.dumps(info)
     again, *_ = pipeline.fuse(source, target, "make her smile", params)
     assert np.array_equal(fused, again)
+    png, png_info = pipeline.fuse_png(source, target, "make her smile", params)
+    from facefuse.face.imageio import decode_image
+
+    pasted, target_rgb = decode_image(png, "IMAGE"), decode_image(target, "TARGET_IMAGE")
+    assert pasted.shape == target_rgb.shape and not np.array_equal(pasted, target_rgb)
+    assert png_info["stage_ms"]["paste_png"] > 0
 
 
 def test_sample_total_sums_matching_series_only():

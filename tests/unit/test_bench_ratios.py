@@ -43,3 +43,22 @@ def test_bench_unet_rejects_parallel_runs_under_one(capsys):
 
     assert main(["bench", "unet", "--skip-sd15", "--parallel-runs", "0"]) == 2
     assert "--parallel-runs" in capsys.readouterr().err
+
+
+def test_bench_unet_end_to_end_times_the_served_config_and_its_like_for_like_baseline(
+    tiny_repository,
+):
+    """With parallel runs, the end-to-end part adds the served default (INT8 UNet rows in
+    slices) and the fp32 DDIM-50 baseline run in the same slices, and reports their ratio."""
+    from argparse import Namespace
+
+    from facefuse.bench.unet import BASELINE, SERVED, bench_e2e
+
+    args = Namespace(threads=2, parallel_runs=2, e2e_iters=1, seed=0, e2e_model="tiny")
+    report = bench_e2e(args, lambda _: None, tiny_repository)
+    served, baseline = report["configs"][SERVED], report["configs"][BASELINE]
+    assert served["unet_calls"] < baseline["unet_calls"]
+    assert report["best"] != BASELINE and "cfg-trunc" not in report["best"]
+    same = report["like_for_like"]
+    assert same["baseline"] == "fp32 ddim-50 2 runs" and same["candidate"] == SERVED
+    assert same["end_to_end"] > 0 and SERVED in report["ratios"]
