@@ -86,7 +86,11 @@ def single_instance(config: str) -> str:
 
 
 def naive_repository(source: str | Path, destination: str | Path) -> Path:
-    """Write baseline B's repository at ``destination`` from an exported ``source``."""
+    """Write baseline B's repository at ``destination`` from an exported ``source``.
+
+    Baseline B is what a naive deployment runs: no dynamic batching, one instance per model,
+    DDIM 50, the fp32 UNet, no prompt compression, no prefix cache, and each UNet call as one
+    ONNX Runtime run on all threads (facefuse's row slices, ``parallel_runs``, are off)."""
     source, destination = Path(source), Path(destination)
     if destination.exists():
         shutil.rmtree(destination)
@@ -100,6 +104,7 @@ def naive_repository(source: str | Path, destination: str | Path) -> Path:
             config = set_parameter(config, "compress", "false")
         if model.name == "unet":
             config = set_parameter(config, "onnx_file", "model.onnx")
+            config = set_parameter(config, "parallel_runs", "1")
         if model.name == "text_encoder":
             config = set_parameter(config, "cache_budget_bytes", "0")
         config_path.write_text(config)

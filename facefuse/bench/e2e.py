@@ -6,8 +6,8 @@ One command, one run, the same model, inputs, strength and guidance for every co
   (PyTorch eager fp32, DDIM 50 steps, inpainting-style latent blending, no caches) on the same
   face composite and mask, pasted back the same way;
 - **baseline B** - a naive Triton deployment: the same repository with dynamic batching off,
-  one instance per model, DDIM 50, fp32, no prompt compression, no prefix cache
-  (:func:`facefuse.export.variants.naive_repository`);
+  one instance per model, DDIM 50, fp32, no prompt compression, no prefix cache, each UNet
+  call one ONNX Runtime run on all threads (:func:`facefuse.export.variants.naive_repository`);
 - **facefuse** - the default configuration.
 
 For each concurrency: requests/s, p50/p95 latency, average UNet batch rows per execution (Triton

@@ -60,6 +60,8 @@ def test_naive_copy_is_baseline_b_fp32_ddim_no_compression_no_cache(tmp_path):
         return (naive / model / "config.pbtxt").read_text()
 
     assert get_parameter(config("unet"), "onnx_file") == "model.onnx"
+    assert get_parameter(unet, "parallel_runs") == "2"  # facefuse's slices; B runs one forward
+    assert get_parameter(config("unet"), "parallel_runs") == "1"
     assert "dynamic_batching" not in config("unet")
     assert get_parameter(config("facefusion"), "scheduler") == "ddim"
     assert get_parameter(config("prompt_optimizer"), "compress") == "false"
