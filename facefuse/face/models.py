@@ -6,9 +6,11 @@
   (CC0). Its ``__init__`` needs ``pkg_resources``, so the folder is found with
   :func:`importlib.util.find_spec`, which does not execute the package.
 
-Each loader builds its model once per process (thread-safe) and raises
-:class:`ModelLoadError` when the package or file is missing. dlib is optional: without it only
-the Haar stages work, which :func:`dlib_available` tells.
+Each loader builds its model once per thread and raises :class:`ModelLoadError` when the
+package or file is missing. Per thread, not per process: dlib's detectors and OpenCV's cascades
+must not be used by two threads at once (dlib's object_detector documents it), and
+:func:`facefuse.face.fusion.prepare_fusion` detects the two faces on two threads. dlib is
+optional: without it only the Haar stages work, which :func:`dlib_available` tells.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import cv2
 
@@ -27,7 +31,8 @@ try:  # dlib is a dependency, but the Haar-only path must keep working without i
 except ImportError:  # pragma: no cover - exercised only where dlib-bin is not installed
     dlib = None
 
-_LOCK = threading.Lock()
+_THREAD = threading.local()
+T = TypeVar("T")
 MMOD_FILE = "mmod_human_face_detector.dat"
 LANDMARKS5_FILE = "shape_predictor_5_face_landmarks.dat"
 
@@ -37,15 +42,14 @@ def dlib_available() -> bool:
     return dlib is not None
 
 
-def _locked(loader):
-    cached = functools.lru_cache(maxsize=1)(loader)
-
+def _per_thread(loader: Callable[[], T]) -> Callable[[], T]:
     @functools.wraps(loader)
-    def load():
-        with _LOCK:
-            return cached()
+    def load() -> T:
+        models = _THREAD.__dict__.setdefault("models", {})
+        if loader.__name__ not in models:
+            models[loader.__name__] = loader()
+        return models[loader.__name__]
 
-    load.cache_clear = cached.cache_clear
     return load
 
 
@@ -86,31 +90,31 @@ def _cascade(name: str) -> cv2.CascadeClassifier:
     return classifier
 
 
-@_locked
+@_per_thread
 def haar_face() -> cv2.CascadeClassifier:
     """OpenCV's frontal-face Haar cascade."""
     return _cascade("haarcascade_frontalface_default.xml")
 
 
-@_locked
+@_per_thread
 def haar_eye() -> cv2.CascadeClassifier:
     """OpenCV's eye Haar cascade."""
     return _cascade("haarcascade_eye.xml")
 
 
-@_locked
+@_per_thread
 def hog_detector():
     """dlib's HOG + linear SVM frontal face detector (no model file)."""
     return _require_dlib().get_frontal_face_detector()
 
 
-@_locked
+@_per_thread
 def mmod_detector():
     """dlib's MMOD CNN face detector (robust to pose, slow on CPU)."""
     return _require_dlib().cnn_face_detection_model_v1(str(model_file(MMOD_FILE)))
 
 
-@_locked
+@_per_thread
 def landmarks5():
     """dlib's 5-point predictor: two corners of each eye and the base of the nose."""
     return _require_dlib().shape_predictor(str(model_file(LANDMARKS5_FILE)))

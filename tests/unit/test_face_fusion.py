@@ -156,6 +156,25 @@ def test_missing_faces_name_the_field(astronaut):
     with pytest.raises(NoFaceFound) as info:
         prepare_fusion(astronaut, flat, SIZE)
     assert info.value.field == "TARGET_IMAGE"
+    with pytest.raises(NoFaceFound) as info:  # both missing: the source is named, as before
+        prepare_fusion(flat, flat, SIZE)
+    assert info.value.field == "SOURCE_IMAGE"
+
+
+def test_detection_threads_give_the_faces_of_one_thread(astronaut, grace):
+    """The two faces are found on two threads with their own detectors: the same plan as
+    detecting them one after the other, and concurrent callers do not disturb each other."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from facefuse.face.detect import detect_face
+
+    plan = prepare_fusion(grace, astronaut, SIZE)
+    assert plan.source_face == detect_face(grace, "SOURCE_IMAGE")
+    assert plan.target_face == detect_face(astronaut, "TARGET_IMAGE")
+    with ThreadPoolExecutor(4) as pool:
+        plans = list(pool.map(lambda _: prepare_fusion(grace, astronaut, SIZE), range(8)))
+    for other in plans:
+        np.testing.assert_array_equal(other.composite, plan.composite)
 
 
 def test_target_smaller_than_the_crop_is_padded(astronaut, grace):

@@ -5,8 +5,7 @@ import json
 import numpy as np
 
 from facefuse.errors import InvalidInput
-from facefuse.face.detect import warm_up
-from facefuse.face.fusion import prepare_fusion
+from facefuse.face.fusion import prepare_fusion, warm_up
 from facefuse.face.imageio import decode_image
 from facefuse.triton_io import get_bytes, get_scalar, pb_utils, respond_each
 
