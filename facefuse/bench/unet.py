@@ -214,6 +214,7 @@ def bench_e2e(args, log, repo: Path) -> dict:
     from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline, params_from
     from facefuse.diffusion.stages import local_stages
+    from facefuse.runtime import threads_per_part
     from facefuse.samples import sample_pair
 
     threads = _threads(args)
@@ -234,9 +235,12 @@ def bench_e2e(args, log, repo: Path) -> dict:
     if parts > 1:  # the UNet as the served `unet` runs it, and the baseline given the same
         configs[SERVED] = ("int8", "dpm++", 20, 0.0, parts)
         configs[f"fp32 ddim-50 {parts} runs"] = ("fp32", "ddim", 50, 0.0, parts)
-    stages = {
+    stages = {  # slices share the threads out as in bench_parts; one run keeps them all
         (variant, runs): local_stages(
-            repo, threads, variant=variant, unet_parts=(runs, max(1, threads // runs))
+            repo,
+            threads,
+            variant=variant,
+            unet_parts=(runs, threads_per_part(0, runs, cores=threads)) if runs > 1 else None,
         )
         for variant, runs in {(c[0], c[4]) for c in configs.values()}
     }

@@ -253,8 +253,9 @@ def find_face_traced(
 
 
 def warm_up(stages: Sequence[str] | None = None) -> None:
-    """Load every model the chain uses (dlib's HOG alone takes seconds to build), e.g. in a
-    Triton ``initialize``, so the first request does not pay for it."""
+    """Load every model the chain uses in the calling thread (models are per thread; dlib's
+    HOG alone takes seconds to build). :func:`facefuse.face.fusion.warm_up` does it in the
+    threads that :func:`~facefuse.face.fusion.prepare_fusion` detects on."""
     for name in tuple(stages) if stages is not None else default_stages():
         {"hog": models.hog_detector, "mmod": models.mmod_detector, "haar": models.haar_face}[
             name.removesuffix("-rotated")
