@@ -9,7 +9,8 @@ convolution). ``facefuse bench unet`` re-measures the choice (``--with-conv`` ad
 Conv variant).
 
 Weights use 7 bits (``reduce_range``) so that the u8 x s8 products cannot saturate on x86
-CPUs without VNNI; see :func:`quantize_int8`.
+CPUs without VNNI; see :func:`quantize_int8`. The served CPU UNet (:func:`fused_int8`) has its
+attention fused into ORT's ``MultiHeadAttention`` first (:mod:`facefuse.export.attention`).
 
 Every step keeps ONNX external data when the model is large (> 2 GB protobuf limit): the input
 is loaded with its ``.data`` file, the output is written with ``<file>.data`` beside it.
@@ -106,6 +107,7 @@ def quantize_int8(
     per_channel: bool = False,
 ) -> ConversionResult:
     """Dynamic INT8 quantisation of ``op_types`` in ``source`` into ``destination``."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     source, destination = Path(source), Path(destination)
@@ -125,8 +127,10 @@ def quantize_int8(
         # the exported file must be right on every CPU it may be served on
         reduce_range=True,
         use_external_data_format=large,
-        # weights only: activation x activation MatMuls (attention scores) stay fp32
-        extra_options={"MatMulConstBOnly": True},
+        # weights only: activation x activation MatMuls (attention scores) stay fp32;
+        # DefaultTensorType types the outputs of contrib ops (fused attention) that ONNX
+        # shape inference does not know
+        extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
     )
     if large:
         _normalise_external_data(destination)
@@ -195,5 +199,25 @@ def export_cpu_variant(
     for model in VARIANT_MODELS[precision]:
         folder = root / model / "1"
         target = folder / onnx_file(precision)
-        results.append(quantize_int8(folder / "model.onnx", target, op_types))
+        results.append(fused_int8(folder / "model.onnx", target, op_types))
     return results
+
+
+def fused_int8(
+    source: str | Path, destination: str | Path, op_types: Sequence[str] = DEFAULT_OP_TYPES
+) -> ConversionResult:
+    """The served CPU UNet: attention fused for the CPU (:mod:`facefuse.export.attention`),
+    then dynamic INT8 of ``op_types``. The fused fp32 graph is a temporary file."""
+    import tempfile
+
+    from facefuse.export.attention import fuse_attention
+
+    source, destination = Path(source), Path(destination)
+    if not source.is_file():
+        raise FileNotFoundError(f"{source}: fp32 ONNX graph not found; run `facefuse export`")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=destination.parent) as scratch:
+        fused = Path(scratch) / "fused.onnx"
+        fuse_attention(source, fused)
+        converted = quantize_int8(fused, destination, op_types)
+    return _result(source, converted.path)

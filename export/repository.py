@@ -30,6 +30,9 @@ from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
 
 PIPELINE_MODELS = ("facefusion", "txt2img")
 ONNX_FILE = "model.onnx"
+# Raised whenever exported files change meaning, so that cached exports are redone
+# (2: the INT8 UNet has its attention fused, 2026-12-03).
+EXPORT_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,9 @@ def model_identity(folder: Path) -> str:
 
 
 def _export_int8_unet(root: Path) -> None:
-    """``unet/1/model.int8.onnx``: dynamic INT8 on MatMul/Gemm, what ``unet/config.pbtxt``
-    serves on CPU (``onnx_file``); ``facefuse quality`` gates it against ``model.onnx``."""
+    """``unet/1/model.int8.onnx``: attention fused for the CPU, then dynamic INT8 on
+    MatMul/Gemm, what ``unet/config.pbtxt`` serves on CPU (``onnx_file``); ``facefuse
+    quality`` gates it against the plain fp32 export ``model.onnx``."""
     from facefuse.export.quantize import export_cpu_variant
 
     export_cpu_variant(root, "int8")

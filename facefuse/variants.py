@@ -3,7 +3,7 @@
 A repository holds the variants of one model side by side in the same version folder::
 
     REPO/unet/1/model.onnx         fp32 (the reference, always present)
-    REPO/unet/1/model.int8.onnx    dynamic INT8 (CPU; MatMul/Gemm weights only)
+    REPO/unet/1/model.int8.onnx    CPU: attention fused, dynamic INT8 of MatMul/Gemm weights
     REPO/unet/1/model.fp16.onnx    FP16 weights, fp32 inputs/outputs (GPU)
     REPO/unet/1/model.plan         TensorRT engine (GPU, built on the target host)
 

@@ -77,15 +77,18 @@ def register(subparsers) -> None:
 
 
 def exported_repository(model: str, work_dir: Path) -> Path:
-    """The default repository for ``model``, exported once into ``work_dir``."""
-    from facefuse.export.repository import export_repository
+    """The default repository for ``model``, exported once into ``work_dir`` (and again
+    when :data:`~facefuse.export.repository.EXPORT_FORMAT` has changed since)."""
+    from facefuse.export.repository import EXPORT_FORMAT, export_repository
     from facefuse.export.variants import copy_repository_sources
     from facefuse.models.loading import load_components
 
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", str(model))
     repository = work_dir / name / "default"
+    stamp = work_dir / name / "export-format"  # outside the repository Triton reads
     sources = Path(__file__).resolve().parents[2] / "model_repository"
-    if not (repository / "facefusion" / "1" / "pipeline.json").exists():
+    stale = not stamp.is_file() or stamp.read_text().strip() != str(EXPORT_FORMAT)
+    if stale or not (repository / "facefusion" / "1" / "pipeline.json").exists():
         if repository.exists():
             import shutil
 
@@ -96,6 +99,7 @@ def exported_repository(model: str, work_dir: Path) -> Path:
             raise RuntimeError(
                 f"export parity failed: {[(r.name, r.max_abs_diff) for r in results]}"
             )
+        stamp.write_text(str(EXPORT_FORMAT))
     else:  # an earlier export: today's configs and model.py, the same ONNX files
         copy_repository_sources(sources, repository, refresh=True)
     return repository

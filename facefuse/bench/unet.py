@@ -1,11 +1,12 @@
 """``facefuse bench unet``: the light-model levers, measured side by side in one run.
 
 1. **Per UNet call** on SD-1.5-shaped random weights (860M parameters) at a 32x32 latent,
-   batch 2 (one classifier-free-guidance step): ONNX Runtime fp32, ONNX Runtime dynamic INT8
-   (MatMul/Gemm weights; ``--with-conv`` adds a variant that also quantises Conv), and PyTorch
-   eager fp32, all with the same thread count, calls interleaved round-robin so that machine
-   noise hits every backend alike. The fp32 export (~3.4 GB, external data) and the INT8 files
-   are cached under ``--workdir`` and reused by later runs.
+   batch 2 (one classifier-free-guidance step): ONNX Runtime fp32 (the plain export), fp32
+   with attention fused for the CPU (:mod:`facefuse.export.attention`), the served INT8 file
+   (fused, then dynamic INT8 of MatMul/Gemm weights; ``--with-conv`` adds a variant that also
+   quantises Conv), and PyTorch eager fp32, all with the same thread count, calls interleaved
+   round-robin so that machine noise hits every backend alike. The fp32 export (~3.4 GB,
+   external data) and the derived files are cached under ``--workdir`` and reused.
 2. **End to end** face fusion on ``--e2e-model`` (default tiny; ``mid`` is UNet-dominated like
    SD 1.5; in-process ORT stages, the sample photos,
    fixed seed): the baseline fp32 + DDIM 50 steps (one ORT run on all threads per UNet call)
@@ -107,8 +108,9 @@ def _prepare_sd15(args, log) -> tuple[Path, dict[str, Path]]:
     import onnxruntime
     import torch
 
+    from facefuse.export.attention import fuse_attention
     from facefuse.export.onnx_export import export_unet
-    from facefuse.export.quantize import DEFAULT_OP_TYPES, quantize_int8
+    from facefuse.export.quantize import DEFAULT_OP_TYPES, fused_int8
     from facefuse.models.tiny import SD15, build_unet
 
     folder = args.workdir / f"sd15-seed{args.seed}"
@@ -126,22 +128,30 @@ def _prepare_sd15(args, log) -> tuple[Path, dict[str, Path]]:
             f"[sd15] exported fp32 UNet in {time.perf_counter() - t0:.0f} s "
             f"(parity max|diff| {result.max_abs_diff:.1e}, ok={result.ok})"
         )
-    variants = {"int8": DEFAULT_OP_TYPES}
+    variants: dict[str, tuple[str, ...]] = {"fp32-fused": (), "int8": DEFAULT_OP_TYPES}
     if args.with_conv:
         variants["int8-conv"] = (*DEFAULT_OP_TYPES, "Conv")
     paths = {}
     for name, op_types in variants.items():
         path = folder / name / "unet.onnx"
         vstamp = path.parent / "stamp.json"
-        vwant = {**want, "ort": onnxruntime.__version__, "op_types": list(op_types)}
+        vwant = {
+            **want,
+            "ort": onnxruntime.__version__,
+            "op_types": list(op_types),
+            "fused_attention": True,
+        }
         if not (vstamp.is_file() and json.loads(vstamp.read_text()) == vwant and path.is_file()):
             t0 = time.perf_counter()
-            conversion = quantize_int8(fp32, path, op_types)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if op_types:
+                fused_int8(fp32, path, op_types)
+            else:
+                fuse_attention(fp32, path)
             vstamp.write_text(json.dumps(vwant))
             log(
-                f"[sd15] quantised {name} ({'+'.join(op_types)}) in "
-                f"{time.perf_counter() - t0:.0f} s: {conversion.source_bytes / 1e9:.2f} GB -> "
-                f"{conversion.bytes / 1e9:.2f} GB"
+                f"[sd15] wrote {name} (attention fused; INT8: {'+'.join(op_types) or 'none'}) "
+                f"in {time.perf_counter() - t0:.0f} s"
             )
         paths[name] = path
     return fp32, paths
@@ -153,7 +163,7 @@ def bench_sd15(args, log) -> dict:
     from facefuse.models.tiny import SD15, build_unet
 
     threads = _threads(args)
-    fp32, int8_paths = _prepare_sd15(args, log)
+    fp32, derived = _prepare_sd15(args, log)
     torch.set_num_threads(threads)
     rng = np.random.default_rng(args.seed)
     sample = rng.standard_normal((args.batch, 4, args.latent, args.latent)).astype(np.float32)
@@ -170,7 +180,7 @@ def bench_sd15(args, log) -> dict:
 
     backends = {"torch-eager-fp32": torch_call}
     sessions = {"ort-fp32": _session(fp32, threads)}
-    sessions.update({f"ort-{k}": _session(p, threads) for k, p in int8_paths.items()})
+    sessions.update({f"ort-{k}": _session(p, threads) for k, p in derived.items()})
     for name, session in sessions.items():
         backends[name] = lambda s=session: s.run(None, feeds)[0]
     outputs = {name: call() for name, call in backends.items()}  # warm-up (allocations)
@@ -205,6 +215,7 @@ def bench_sd15(args, log) -> dict:
             "ort_fp32_over_best_int8": median["ort-fp32"] / median[best],
             "torch_fp32_over_best_int8": median["torch-eager-fp32"] / median[best],
             "torch_fp32_over_ort_fp32": median["torch-eager-fp32"] / median["ort-fp32"],
+            "ort_fp32_over_fp32_fused": median["ort-fp32"] / median["ort-fp32-fused"],
         },
     }
 
@@ -394,6 +405,10 @@ def _verdict(report: dict) -> list[str]:
             f"[sd15 unet] {sd15['best_int8']} vs PyTorch eager fp32: "
             f"x{r['torch_fp32_over_best_int8']:.2f} (target x{TARGET_UNET_VS_TORCH}: "
             f"{'yes' if ok2 else 'NO'}); ORT fp32 vs PyTorch: x{r['torch_fp32_over_ort_fp32']:.2f}"
+        )
+        lines.append(
+            f"[sd15 unet] attention fusion alone (fp32 / fp32 fused): "
+            f"x{r['ort_fp32_over_fp32_fused']:.2f}"
         )
     e2e = report.get("e2e")
     if e2e:

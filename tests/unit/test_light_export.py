@@ -47,6 +47,37 @@ def test_int8_quantises_only_the_chosen_operators(tiny_repository, tmp_path):
     assert 0 < error < 0.05
 
 
+def test_attention_fusion_keeps_the_function_on_the_cpu_kernel(tiny_repository, tmp_path):
+    from facefuse.export.attention import fuse_attention
+
+    source = tiny_repository / "unet" / "1" / "model.onnx"
+    fused = tmp_path / "fused.onnx"
+    report = fuse_attention(source, fused)
+    ops = _op_types(fused)
+    # every attention runs in the CPU's MultiHeadAttention kernel; no score tensor is left
+    assert "MultiHeadAttention" in ops and not {"Attention", "Softmax"} & ops
+    assert report.self_attention_rewritten == report.fused["Attention"] > 0
+    assert report.fused["MultiHeadAttention"] > 0  # the cross-attentions
+    for batch in (1, 3):
+        feeds = _unet_feeds(batch=batch)
+        assert np.abs(_run(source, feeds) - _run(fused, feeds)).max() < 1e-4
+
+
+def test_served_int8_unet_is_fused_then_quantised(tiny_repository, tmp_path):
+    from facefuse.export.quantize import fused_int8
+
+    source = tiny_repository / "unet" / "1" / "model.onnx"
+    result = fused_int8(source, tmp_path / "v" / "model.int8.onnx")
+    assert result.source == source and result.bytes < result.source_bytes
+    assert sorted(p.name for p in result.path.parent.iterdir()) == ["model.int8.onnx"]
+    ops = _op_types(result.path)
+    assert "MultiHeadAttention" in ops and {"DynamicQuantizeMatMul", "MatMulInteger"} & ops
+    feeds = _unet_feeds()
+    reference = _run(source, feeds)
+    error = np.abs(_run(result.path, feeds) - reference).max() / np.abs(reference).max()
+    assert 0 < error < 0.05
+
+
 def test_large_models_keep_external_data_through_int8_and_fp16(
     tiny_repository, tmp_path, monkeypatch
 ):
@@ -62,10 +93,11 @@ def test_large_models_keep_external_data_through_int8_and_fp16(
     assert quantize.model_bytes(source) > source.stat().st_size * 10
     monkeypatch.setattr(quantize, "EXTERNAL_DATA_LIMIT", 10_000)
     int8 = quantize.quantize_int8(source, tmp_path / "out" / "model.int8.onnx")
+    fused = quantize.fused_int8(source, tmp_path / "fused" / "model.int8.onnx")
     fp16 = convert_fp16(source, tmp_path / "out" / "model.fp16.onnx")
     feeds = _unet_feeds()
     reference = _run(source, feeds)
-    for result in (int8, fp16):
+    for result in (int8, fused, fp16):
         data = result.path.with_name(result.path.name + ".data")
         assert result.external_data and data.is_file(), result
         assert quantize.external_files(result.path) == [data]
