@@ -78,6 +78,19 @@ def test_served_int8_unet_is_fused_then_quantised(tiny_repository, tmp_path):
     assert 0 < error < 0.05
 
 
+def test_large_unets_are_fused_in_a_child_process_with_the_same_result(
+    tiny_repository, tmp_path, monkeypatch
+):
+    from facefuse.export import quantize
+
+    source = tiny_repository / "unet" / "1" / "model.onnx"
+    here = quantize.fused_int8(source, tmp_path / "here" / "model.int8.onnx")
+    monkeypatch.setattr(quantize, "FUSE_IN_CHILD_BYTES", 0)
+    child = quantize.fused_int8(source, tmp_path / "child" / "model.int8.onnx")
+    feeds = _unet_feeds()
+    np.testing.assert_array_equal(_run(here.path, feeds), _run(child.path, feeds))
+
+
 def test_large_models_keep_external_data_through_int8_and_fp16(
     tiny_repository, tmp_path, monkeypatch
 ):
