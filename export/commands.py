@@ -92,8 +92,11 @@ def run(args: argparse.Namespace) -> int:
         results = export_repository(
             components, args.out, progress=lambda step: status.update(f"exporting {step}")
         )
-    table = Table(title=f"ONNX export of {components.path} -> {args.out}")
-    for column in ("graph", "file", "max |onnx - torch|", "output scale", "check"):
+    table = Table(
+        title=f"ONNX export of {components.path} -> {args.out}",
+        caption="max |diff|: ONNX vs PyTorch on the same inputs; the fused UNet vs model.onnx",
+    )
+    for column in ("graph", "file", "max |diff|", "output scale", "check"):
         table.add_column(column)
     for r in results:
         table.add_row(

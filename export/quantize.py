@@ -18,8 +18,9 @@ is loaded with its ``.data`` file, the output is written with ``<file>.data`` be
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 DEFAULT_OP_TYPES = ("MatMul", "Gemm")
@@ -27,6 +28,10 @@ DEFAULT_OP_TYPES = ("MatMul", "Gemm")
 EXTERNAL_DATA_LIMIT = 1_800_000_000
 # Graphs above this are fused in a child process before quantisation (see fused_int8).
 FUSE_IN_CHILD_BYTES = 1_000_000_000
+# A fused graph may differ from its source by this much x its output scale (fp32 rounding).
+FUSION_TOLERANCE = 1e-4
+
+log = logging.getLogger("facefuse.export.quantize")
 
 
 def external_files(path: str | Path) -> list[Path]:
@@ -83,13 +88,17 @@ def save_model(model, path: str | Path, large: bool | None = None) -> Path:
 
 @dataclass(frozen=True)
 class ConversionResult:
-    """One converted graph: where it went and its size next to the source's."""
+    """One converted graph: where it went and its size next to the source's.
+
+    ``fusion_check``: for :func:`fused_int8`, (max abs difference, output scale) of the fused
+    fp32 graph against the source; None when the attention was not fused."""
 
     source: Path
     path: Path
     source_bytes: int
     bytes: int
     external_data: bool
+    fusion_check: tuple[float, float] | None = None
 
 
 def _result(source: Path, path: Path) -> ConversionResult:
@@ -209,11 +218,14 @@ def fused_int8(
     source: str | Path, destination: str | Path, op_types: Sequence[str] = DEFAULT_OP_TYPES
 ) -> ConversionResult:
     """The served CPU UNet: attention fused for the CPU (:mod:`facefuse.export.attention`),
-    then dynamic INT8 of ``op_types``. The fused fp32 graph is a temporary file."""
+    then dynamic INT8 of ``op_types``. The fused fp32 graph is a temporary file, used only if
+    it matches ``source`` within ``FUSION_TOLERANCE`` x its output scale on a random call;
+    otherwise (or if the optimizer fails on the graph) the plain graph is quantised, with a
+    warning, and ``fusion_check`` is None."""
     import multiprocessing
     import tempfile
 
-    from facefuse.export.attention import fuse_attention
+    from facefuse.export.attention import fuse_attention, fusion_error
 
     source, destination = Path(source), Path(destination)
     if not source.is_file():
@@ -221,13 +233,25 @@ def fused_int8(
     destination.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=destination.parent) as scratch:
         fused = Path(scratch) / "fused.onnx"
-        if model_bytes(source) > FUSE_IN_CHILD_BYTES:
-            # the optimizer's memory does not go back to the OS: fusing and quantising the
-            # SD-1.5 UNet in one process peaked over 24 GiB (OOM); each alone stays at ~11 GiB
-            context = multiprocessing.get_context("spawn")
-            with context.Pool(1) as pool:
-                pool.apply(fuse_attention, (source, fused))
-        else:
-            fuse_attention(source, fused)
-        converted = quantize_int8(fused, destination, op_types)
-    return _result(source, converted.path)
+        check = None
+        try:
+            if model_bytes(source) > FUSE_IN_CHILD_BYTES:
+                # the optimizer's memory does not go back to the OS: fusing and quantising the
+                # SD-1.5 UNet in one process peaked over 24 GiB (OOM); each alone ~11-14 GiB
+                context = multiprocessing.get_context("spawn")
+                with context.Pool(1) as pool:
+                    pool.apply(fuse_attention, (source, fused))
+            else:
+                fuse_attention(source, fused)
+            check = fusion_error(source, fused)
+        except Exception as exc:  # ORT's optimizer on a graph it does not know
+            log.warning("%s: attention fusion failed (%s); quantising the plain graph", source, exc)
+        if check is not None and check[0] > FUSION_TOLERANCE * max(1.0, check[1]):
+            log.warning(
+                "%s: the fused graph differs from it by %.2e; quantising the plain graph",
+                source,
+                check[0],
+            )
+            check = None
+        converted = quantize_int8(fused if check else source, destination, op_types)
+    return replace(_result(source, converted.path), fusion_check=check)

@@ -63,13 +63,18 @@ def model_identity(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def _export_int8_unet(root: Path) -> None:
+def _export_int8_unet(root: Path) -> list[ExportResult]:
     """``unet/1/model.int8.onnx``: attention fused for the CPU, then dynamic INT8 on
     MatMul/Gemm, what ``unet/config.pbtxt`` serves on CPU (``onnx_file``); ``facefuse
-    quality`` gates it against the plain fp32 export ``model.onnx``."""
+    quality`` gates it against the plain fp32 export ``model.onnx``. Returns the fusion's
+    parity check (fused fp32 vs ``model.onnx``) when the attention was fused."""
     from facefuse.export.quantize import export_cpu_variant
 
-    export_cpu_variant(root, "int8")
+    return [
+        ExportResult("unet fused vs plain onnx", c.path, *c.fusion_check)
+        for c in export_cpu_variant(root, "int8")
+        if c.fusion_check is not None
+    ]
 
 
 def _export_kv(text_encoder, folder: Path) -> ExportResult:
@@ -112,7 +117,7 @@ def export_repository(
         progress(name)
         results.append(run())
     progress("unet INT8 (the default CPU serving variant)")
-    _export_int8_unet(paths.root)
+    results.extend(_export_int8_unet(paths.root))
     progress("text_encoder prefix-KV graphs")
     results.append(_export_kv(components.text_encoder, paths.onnx("text_encoder").parent))
     progress("tokenizer and manifests")

@@ -69,6 +69,8 @@ def test_served_int8_unet_is_fused_then_quantised(tiny_repository, tmp_path):
     source = tiny_repository / "unet" / "1" / "model.onnx"
     result = fused_int8(source, tmp_path / "v" / "model.int8.onnx")
     assert result.source == source and result.bytes < result.source_bytes
+    diff, scale = result.fusion_check
+    assert 0 <= diff < 1e-4 * scale and scale > 0
     assert sorted(p.name for p in result.path.parent.iterdir()) == ["model.int8.onnx"]
     ops = _op_types(result.path)
     assert "MultiHeadAttention" in ops and {"DynamicQuantizeMatMul", "MatMulInteger"} & ops
@@ -76,6 +78,30 @@ def test_served_int8_unet_is_fused_then_quantised(tiny_repository, tmp_path):
     reference = _run(source, feeds)
     error = np.abs(_run(result.path, feeds) - reference).max() / np.abs(reference).max()
     assert 0 < error < 0.05
+
+
+@pytest.mark.parametrize("failure", ["optimizer raises", "fused graph differs"])
+def test_int8_falls_back_to_the_plain_graph_when_fusion_fails(
+    tiny_repository, tmp_path, monkeypatch, caplog, failure
+):
+    from facefuse.export import attention, quantize
+
+    source = tiny_repository / "unet" / "1" / "model.onnx"
+    if failure == "optimizer raises":
+
+        def broken(source, destination):
+            raise RuntimeError("unknown pattern")
+
+        monkeypatch.setattr(attention, "fuse_attention", broken)
+    else:
+        monkeypatch.setattr(attention, "fusion_error", lambda source, fused: (1.0, 2.0))
+    result = quantize.fused_int8(source, tmp_path / "v" / "model.int8.onnx")
+    assert result.fusion_check is None
+    assert "quantising the plain graph" in caplog.text
+    assert "MultiHeadAttention" not in _op_types(result.path)  # the plain graph, quantised
+    feeds = _unet_feeds()
+    reference = _run(source, feeds)
+    assert np.abs(_run(result.path, feeds) - reference).max() < 0.05 * np.abs(reference).max()
 
 
 def test_large_unets_are_fused_in_a_child_process_with_the_same_result(
