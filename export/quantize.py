@@ -214,6 +214,21 @@ def export_cpu_variant(
     return results
 
 
+def fuse_attention_contained(source: str | Path, destination: str | Path):
+    """:func:`facefuse.export.attention.fuse_attention`, in a spawned child process for graphs
+    over ``FUSE_IN_CHILD_BYTES``: the optimizer's memory does not go back to the OS, and fusing
+    then quantising the SD-1.5 UNet in one process peaked over 24 GiB (OOM; each step alone
+    11-14 GiB)."""
+    import multiprocessing
+
+    from facefuse.export.attention import fuse_attention
+
+    if model_bytes(source) <= FUSE_IN_CHILD_BYTES:
+        return fuse_attention(source, destination)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fuse_attention, (source, destination))
+
+
 def fused_int8(
     source: str | Path, destination: str | Path, op_types: Sequence[str] = DEFAULT_OP_TYPES
 ) -> ConversionResult:
@@ -222,10 +237,9 @@ def fused_int8(
     it matches ``source`` within ``FUSION_TOLERANCE`` x its output scale on a random call;
     otherwise (or if the optimizer fails on the graph) the plain graph is quantised, with a
     warning, and ``fusion_check`` is None."""
-    import multiprocessing
     import tempfile
 
-    from facefuse.export.attention import fuse_attention, fusion_error
+    from facefuse.export.attention import fusion_error
 
     source, destination = Path(source), Path(destination)
     if not source.is_file():
@@ -235,14 +249,7 @@ def fused_int8(
         fused = Path(scratch) / "fused.onnx"
         check = None
         try:
-            if model_bytes(source) > FUSE_IN_CHILD_BYTES:
-                # the optimizer's memory does not go back to the OS: fusing and quantising the
-                # SD-1.5 UNet in one process peaked over 24 GiB (OOM); each alone ~11-14 GiB
-                context = multiprocessing.get_context("spawn")
-                with context.Pool(1) as pool:
-                    pool.apply(fuse_attention, (source, fused))
-            else:
-                fuse_attention(source, fused)
+            fuse_attention_contained(source, fused)
             check = fusion_error(source, fused)
         except Exception as exc:  # ORT's optimizer on a graph it does not know
             log.warning("%s: attention fusion failed (%s); quantising the plain graph", source, exc)

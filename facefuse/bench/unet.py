@@ -108,9 +108,8 @@ def _prepare_sd15(args, log) -> tuple[Path, dict[str, Path]]:
     import onnxruntime
     import torch
 
-    from facefuse.export.attention import fuse_attention
     from facefuse.export.onnx_export import export_unet
-    from facefuse.export.quantize import DEFAULT_OP_TYPES, fused_int8
+    from facefuse.export.quantize import DEFAULT_OP_TYPES, fuse_attention_contained, fused_int8
     from facefuse.models.tiny import SD15, build_unet
 
     folder = args.workdir / f"sd15-seed{args.seed}"
@@ -147,7 +146,7 @@ def _prepare_sd15(args, log) -> tuple[Path, dict[str, Path]]:
             if op_types:
                 fused_int8(fp32, path, op_types)
             else:
-                fuse_attention(fp32, path)
+                fuse_attention_contained(fp32, path)
             vstamp.write_text(json.dumps(vwant))
             log(
                 f"[sd15] wrote {name} (attention fused; INT8: {'+'.join(op_types) or 'none'}) "
