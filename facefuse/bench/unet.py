@@ -142,7 +142,6 @@ def _prepare_sd15(args, log) -> tuple[Path, dict[str, Path]]:
         }
         if not (vstamp.is_file() and json.loads(vstamp.read_text()) == vwant and path.is_file()):
             t0 = time.perf_counter()
-            path.parent.mkdir(parents=True, exist_ok=True)
             if op_types:
                 fused_int8(fp32, path, op_types)
             else:
