@@ -14,6 +14,11 @@ For each concurrency: requests/s, p50/p95 latency, average UNet batch rows per e
 metrics), CPU-seconds per image, plus ratios. With ``in-process`` chosen, Triton's overhead is
 measured on the same request sent through the server and run in-process (ORT sessions, no
 server), in alternation at concurrency 1 (:func:`measure_overhead`).
+
+With ``--rounds N`` the whole comparison runs N times, contenders in turn within each round, so
+that a slow spell of a shared machine hits every contender rather than one; each ratio is then
+the median of the N rounds' ratios (each measured within one round) and each table cell the
+median of its N values (:func:`combine_rounds`); every round is kept in the JSON.
 Writes ``reports/e2e-<model>.json`` and ``reports/e2e-<model>.png``.
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -60,6 +66,13 @@ def register(subparsers) -> None:
         type=int,
         default=0,
         help="requests per contender and level (default: 3 at concurrency 1, 2 per user above)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the whole comparison this many times, contenders in turn; ratios are the "
+        "median of the rounds' ratios (default 1)",
     )
     parser.add_argument(
         "--contenders",
@@ -335,6 +348,33 @@ def ratios(results: dict, overhead: dict | None = None) -> dict:
     return out
 
 
+def combine_rounds(rounds: list[dict]) -> tuple[dict, dict, dict | None]:
+    """(results, ratios, overhead) over rounds of ``{"results", "ratios", "overhead_paired"}``.
+
+    Each results cell and overhead figure is the median of its values over the rounds that
+    have it; each ratio is the median of the per-round ratios (a ratio is only ever taken
+    between figures of the same round). One round gives back that round unchanged."""
+    import statistics
+
+    def median_cells(dicts: list[dict]) -> dict:
+        out: dict = {}
+        for key in dict.fromkeys(k for d in dicts for k in d):
+            values = [d[key] for d in dicts if key in d]
+            if all(isinstance(v, dict) for v in values):
+                out[key] = median_cells(values)
+            elif len(values) > 1 and all(isinstance(v, (int, float)) for v in values):
+                out[key] = round(statistics.median(values), 4)
+            else:  # one value, or not a number: the first round's
+                out[key] = values[0]
+        return out
+
+    results = median_cells([r["results"] for r in rounds])
+    ratio_values = median_cells([r["ratios"] for r in rounds])
+    overheads = [r["overhead_paired"] for r in rounds if r.get("overhead_paired")]
+    overhead = median_cells(overheads) if overheads else None
+    return results, ratio_values, overhead
+
+
 def write_chart(results: dict, path: Path, title: str) -> None:
     import matplotlib
 
@@ -366,26 +406,18 @@ def write_chart(results: dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_round(model, repository: Path, chosen, levels, counts, started: float):
+    """Every chosen contender once, in turn: (results by contender, paired overhead or None)."""
     from facefuse.export.variants import naive_repository
     from facefuse.samples import sample_pair
 
-    chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
-    unknown = sorted(set(chosen) - set(CONTENDERS))
-    if unknown:
-        print(f"--contenders: unknown {unknown}; expected some of {CONTENDERS}")
-        return 2
-    levels = sorted(set(args.concurrency))
-    counts = [args.requests or (3 if lv == 1 else 2 * lv) for lv in levels]
     source, target = sample_pair()
-    started = time.perf_counter()
-    repository = exported_repository(args.model, args.work_dir)
     results: dict[str, dict] = {}
     overhead = None
     for name in chosen:
         print(f"[{time.perf_counter() - started:6.0f} s] running {name} ...", flush=True)
         if name == "baseline-a":
-            runs = run_baseline_a(args.model, levels, counts, source, target)
+            runs = run_baseline_a(model, levels, counts, source, target)
         elif name == "baseline-b":
             naive = naive_repository(repository, repository.parent / "naive")
             runs = run_server_contender(naive, levels, counts, BASELINE_STEPS, source, target)
@@ -397,14 +429,41 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"overhead (paired)": overhead}, indent=1), flush=True)
         results[name] = {str(level): summary for level, (_, summary) in runs.items()}
         print(json.dumps(results[name], indent=1), flush=True)
+    return results, overhead
+
+
+def run(args: argparse.Namespace) -> int:
+    chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = sorted(set(chosen) - set(CONTENDERS))
+    if unknown:
+        print(f"--contenders: unknown {unknown}; expected some of {CONTENDERS}", file=sys.stderr)
+        return 2
+    if args.rounds < 1:
+        print(f"--rounds: must be at least 1, got {args.rounds}", file=sys.stderr)
+        return 2
+    levels = sorted(set(args.concurrency))
+    counts = [args.requests or (3 if lv == 1 else 2 * lv) for lv in levels]
+    started = time.perf_counter()
+    repository = exported_repository(args.model, args.work_dir)
+    rounds = []
+    for number in range(1, args.rounds + 1):
+        if args.rounds > 1:
+            print(f"[{time.perf_counter() - started:6.0f} s] round {number} of {args.rounds}")
+        results, overhead = run_round(args.model, repository, chosen, levels, counts, started)
+        rounds.append(
+            {"results": results, "overhead_paired": overhead, "ratios": ratios(results, overhead)}
+        )
+    results, headline, overhead = combine_rounds(rounds)
     report = {
         "model": str(args.model),
         "instruction": INSTRUCTION,
         "strength": STRENGTH,
         "guidance": GUIDANCE,
+        "rounds_run": args.rounds,
         "results": results,
         "overhead_paired": overhead,
-        "ratios": ratios(results, overhead),
+        "ratios": headline,
+        "rounds": rounds if args.rounds > 1 else None,
         "wall_s": round(time.perf_counter() - started, 1),
     }
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(str(args.model)).name)
@@ -430,5 +489,10 @@ def print_table(report: dict) -> None:
         for level, summary in levels.items():
             cells = " ".join(f"{summary.get(k, '-')!s:>18}" for k in keys)
             print(f"{name:<12} {level:>4} {cells}")
+    rounds = report.get("rounds") or []
+    if rounds:
+        print(f"cells and ratios: medians over {len(rounds)} rounds (ratios taken within a round)")
     for label, value in report["ratios"].items():
-        print(f"{label}: {value}")
+        spread = [r["ratios"][label] for r in rounds if label in r["ratios"]]
+        suffix = f"  (rounds: {', '.join(str(v) for v in spread)})" if spread else ""
+        print(f"{label}: {value}{suffix}")

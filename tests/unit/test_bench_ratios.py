@@ -19,6 +19,53 @@ def test_bench_ratios_prefer_the_paired_overhead():
     assert not any(key.endswith("(c=1 p50)") for key in paired)
 
 
+def _round(a_p50: float, facefuse_p50: float, overhead_ms: float) -> dict:
+    from facefuse.bench.e2e import ratios
+
+    results = {
+        "baseline-a": {"1": {"p50_ms": a_p50, "failures": 0}},
+        "facefuse": {"1": {"p50_ms": facefuse_p50, "failures": 0}},
+    }
+    overhead = {"overhead_ms": overhead_ms, "overhead_pct": 100 * overhead_ms / facefuse_p50}
+    return {"results": results, "overhead_paired": overhead, "ratios": ratios(results, overhead)}
+
+
+def test_bench_rounds_take_the_median_of_per_round_ratios():
+    """A ratio is only taken within a round; the headline is the median over rounds, which
+    differs from the ratio of the median cells when the rounds' speeds move apart."""
+    from facefuse.bench.e2e import combine_rounds
+
+    rounds = [
+        _round(4000.0, 1000.0, 40.0),
+        _round(3000.0, 1000.0, 10.0),
+        _round(6000.0, 2000.0, 20.0),
+    ]
+    results, headline, overhead = combine_rounds(rounds)
+    assert results["baseline-a"]["1"]["p50_ms"] == 4000.0
+    assert results["facefuse"]["1"]["p50_ms"] == 1000.0
+    assert headline["p50 speed-up vs baseline A, c=1"] == 3.0  # median of 4.0, 3.0, 3.0
+    assert overhead["overhead_ms"] == 20.0
+
+
+def test_bench_one_round_is_reported_unchanged():
+    from facefuse.bench.e2e import combine_rounds
+
+    only = _round(3333.3, 777.7, 12.3)
+    results, headline, overhead = combine_rounds([only])
+    assert (results, headline, overhead) == (
+        only["results"],
+        only["ratios"],
+        only["overhead_paired"],
+    )
+
+
+def test_bench_e2e_rejects_rounds_under_one(capsys):
+    from facefuse.cli import main
+
+    assert main(["bench", "e2e", "--rounds", "0"]) == 2
+    assert "--rounds" in capsys.readouterr().err
+
+
 def test_bench_unet_parallel_runs_match_one_run(tiny_repository):
     """The parallel-runs part times both ways on the same rows. fp32 slices equal one run; the
     dynamic INT8 graph quantises activations per tensor, so a slice's scale differs from the
