@@ -406,12 +406,13 @@ def write_chart(results: dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def run_round(model, repository: Path, chosen, levels, counts, started: float):
-    """Every chosen contender once, in turn: (results by contender, paired overhead or None)."""
-    from facefuse.export.variants import naive_repository
-    from facefuse.samples import sample_pair
+def run_round(model, repositories: dict[str, Path], chosen, levels, counts, inputs, started):
+    """Every chosen contender once, in turn: (results by contender, paired overhead or None).
 
-    source, target = sample_pair()
+    ``repositories``: "facefuse" and, when baseline B runs, "baseline-b" (written once per
+    command, not per round); ``inputs``: the (source, target) photos."""
+    source, target = inputs
+    repository = repositories["facefuse"]
     results: dict[str, dict] = {}
     overhead = None
     for name in chosen:
@@ -419,7 +420,7 @@ def run_round(model, repository: Path, chosen, levels, counts, started: float):
         if name == "baseline-a":
             runs = run_baseline_a(model, levels, counts, source, target)
         elif name == "baseline-b":
-            naive = naive_repository(repository, repository.parent / "naive")
+            naive = repositories["baseline-b"]
             runs = run_server_contender(naive, levels, counts, BASELINE_STEPS, source, target)
         elif name == "facefuse":
             runs = run_server_contender(repository, levels, counts, None, source, target)
@@ -433,6 +434,9 @@ def run_round(model, repository: Path, chosen, levels, counts, started: float):
 
 
 def run(args: argparse.Namespace) -> int:
+    from facefuse.export.variants import naive_repository
+    from facefuse.samples import sample_pair
+
     chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = sorted(set(chosen) - set(CONTENDERS))
     if unknown:
@@ -445,11 +449,17 @@ def run(args: argparse.Namespace) -> int:
     counts = [args.requests or (3 if lv == 1 else 2 * lv) for lv in levels]
     started = time.perf_counter()
     repository = exported_repository(args.model, args.work_dir)
+    repositories = {"facefuse": repository}
+    if "baseline-b" in chosen:
+        repositories["baseline-b"] = naive_repository(repository, repository.parent / "naive")
+    inputs = sample_pair()
     rounds = []
     for number in range(1, args.rounds + 1):
         if args.rounds > 1:
             print(f"[{time.perf_counter() - started:6.0f} s] round {number} of {args.rounds}")
-        results, overhead = run_round(args.model, repository, chosen, levels, counts, started)
+        results, overhead = run_round(
+            args.model, repositories, chosen, levels, counts, inputs, started
+        )
         rounds.append(
             {"results": results, "overhead_paired": overhead, "ratios": ratios(results, overhead)}
         )
