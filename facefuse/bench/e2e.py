@@ -348,11 +348,15 @@ def ratios(results: dict, overhead: dict | None = None) -> dict:
     return out
 
 
+SUMMED_OVER_ROUNDS = ("requests", "failures", "pairs")
+
+
 def combine_rounds(rounds: list[dict]) -> tuple[dict, dict, dict | None]:
     """(results, ratios, overhead) over rounds of ``{"results", "ratios", "overhead_paired"}``.
 
     Each results cell and overhead figure is the median of its values over the rounds that
-    have it; each ratio is the median of the per-round ratios (a ratio is only ever taken
+    have it, except the counts in :data:`SUMMED_OVER_ROUNDS` (one failed request in any round
+    shows); each ratio is the median of the per-round ratios (a ratio is only ever taken
     between figures of the same round). One round gives back that round unchanged."""
     import statistics
 
@@ -362,6 +366,8 @@ def combine_rounds(rounds: list[dict]) -> tuple[dict, dict, dict | None]:
             values = [d[key] for d in dicts if key in d]
             if all(isinstance(v, dict) for v in values):
                 out[key] = median_cells(values)
+            elif len(values) > 1 and key in SUMMED_OVER_ROUNDS:
+                out[key] = sum(values)
             elif len(values) > 1 and all(isinstance(v, (int, float)) for v in values):
                 out[key] = round(statistics.median(values), 4)
             else:  # one value, or not a number: the first round's

@@ -19,12 +19,12 @@ def test_bench_ratios_prefer_the_paired_overhead():
     assert not any(key.endswith("(c=1 p50)") for key in paired)
 
 
-def _round(a_p50: float, facefuse_p50: float, overhead_ms: float) -> dict:
+def _round(a_p50: float, facefuse_p50: float, overhead_ms: float, failures: int = 0) -> dict:
     from facefuse.bench.e2e import ratios
 
     results = {
         "baseline-a": {"1": {"p50_ms": a_p50, "failures": 0}},
-        "facefuse": {"1": {"p50_ms": facefuse_p50, "failures": 0}},
+        "facefuse": {"1": {"p50_ms": facefuse_p50, "failures": failures}},
     }
     overhead = {"overhead_ms": overhead_ms, "overhead_pct": 100 * overhead_ms / facefuse_p50}
     return {"results": results, "overhead_paired": overhead, "ratios": ratios(results, overhead)}
@@ -38,9 +38,10 @@ def test_bench_rounds_take_the_median_of_per_round_ratios():
     rounds = [
         _round(4000.0, 1000.0, 40.0),
         _round(3000.0, 1000.0, 10.0),
-        _round(6000.0, 2000.0, 20.0),
+        _round(6000.0, 2000.0, 20.0, failures=1),
     ]
     results, headline, overhead = combine_rounds(rounds)
+    assert results["facefuse"]["1"]["failures"] == 1  # a count is summed, never a median
     assert results["baseline-a"]["1"]["p50_ms"] == 4000.0
     assert results["facefuse"]["1"]["p50_ms"] == 1000.0
     assert headline["p50 speed-up vs baseline A, c=1"] == 3.0  # median of 4.0, 3.0, 3.0
