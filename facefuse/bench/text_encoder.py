@@ -9,7 +9,12 @@ calls interleaved so that noise hits both sides alike):
 - ``template-P`` (P = 16, 32, 48, 64): a P-token template (warm, pinned) + a different 8-token
   tail per prompt: every cached call is a prefix hit of P tokens;
 - ``exact-repeat``: the prompts of ``template-48`` again: exact hits, no graph runs;
-- ``prompts-file``: real prompts (``--prompts``), streamed through a cold cache.
+- ``prompts-file``: real prompts (``--prompts``), streamed through a cold cache;
+- ``suffix-cost``: the suffix graph alone at several suffix lengths, fitted as
+  ``ms = floor + per_row x rows``. The floor is what a call costs whatever its rows (on CPU:
+  streaming every layer's weights from memory). A P-token prefix can speed a forward up by at
+  most ``(floor + 77 r) / (floor + (77 - P) r)``; at P = 48 that reaches 2.5x only while the
+  floor is at most 3 rows' worth of compute (:func:`speedup_ceiling`).
 
 It reports median and p95 ms, the speed-up (median full / median cached), the hit rate and the
 max abs difference of the cached hidden states and pooled output to the PyTorch full forward
@@ -125,6 +130,73 @@ def _file_prompts(path: Path, count: int) -> np.ndarray | None:
     return np.asarray(batch["input_ids"], dtype=np.int64)
 
 
+SUFFIX_ROWS = (1, 13, 29, 45, 61)  # suffix lengths of the cost fit (29 = a 48-token prefix)
+
+
+def fit_suffix_cost(rows, ms) -> tuple[float, float]:
+    """Least-squares line ``ms = floor + per_row * rows``; returns ``(floor, per_row)``."""
+    per_row, floor = np.polyfit(np.asarray(rows, float), np.asarray(ms, float), 1)
+    return float(floor), float(per_row)
+
+
+def speedup_ceiling(floor_ms: float, per_row_ms: float, prefix: int, total: int = 77) -> float:
+    """Best speed-up of a cached call over a full forward under the linear cost model:
+    ``(floor + total r) / (floor + (total - prefix) r)`` (77/29 = 2.66x at P=48, floor 0)."""
+    if not 0 <= prefix < total or per_row_ms <= 0:
+        raise ValueError("prefix must be in [0, total) and per_row_ms positive")
+    floor = max(floor_ms, 0.0)
+    return (floor + total * per_row_ms) / (floor + (total - prefix) * per_row_ms)
+
+
+def max_floor_rows(target: float, prefix: int, total: int = 77) -> float:
+    """The largest floor, in rows of compute, that still lets ``speedup_ceiling`` reach
+    ``target``: ``(total - target (total - prefix)) / (target - 1)`` (3.0 for 2.5x at P=48)."""
+    return (total - target * (total - prefix)) / (target - 1.0)
+
+
+def _suffix_cost(runtime, rng, iters: int, max_length: int = 77) -> dict:
+    """Time the suffix graph alone at :data:`SUFFIX_ROWS` (calls interleaved), then fit."""
+    ids = rng.integers(1, 49000, (1, max_length)).astype(np.int64)
+    feeds = {}
+    for rows in SUFFIX_ROWS:
+        past = max_length - rows
+        feeds[rows] = (ids[:, past:], runtime.prefix(ids[:, :past]).kv)
+    times = {rows: [] for rows in SUFFIX_ROWS}
+    for _ in range(iters + 1):  # the first round is a warm-up
+        for rows, (suffix_ids, past_kv) in feeds.items():
+            t0 = time.perf_counter()
+            runtime.suffix(suffix_ids, past_kv)
+            times[rows].append(time.perf_counter() - t0)
+    return summarise_suffix_cost(
+        {rows: float(np.median(t[1:]) * 1000.0) for rows, t in times.items()}
+    )
+
+
+def summarise_suffix_cost(median_ms: dict[int, float]) -> dict:
+    """Fit the medians by suffix length; floor and ceiling (None when the fit has no slope)."""
+    floor, per_row = fit_suffix_cost(list(median_ms), list(median_ms.values()))
+    sloped = per_row > 0  # a flat or noisy fit (tiny model: ~1 ms at any length) has no ceiling
+    return {
+        "workload": "suffix-cost",
+        "median_ms_by_rows": median_ms,
+        "floor_ms": floor,
+        "per_row_ms": per_row,
+        "floor_in_rows": floor / per_row if sloped else None,
+        "ceiling_template_48": speedup_ceiling(floor, per_row, 48) if sloped else None,
+    }
+
+
+def _cost_line(shape: str, cost: dict) -> str:
+    lengths = "  ".join(f"{r} rows {ms:.2f} ms" for r, ms in cost["median_ms_by_rows"].items())
+    fit = f"floor {cost['floor_ms']:.2f} ms + {cost['per_row_ms']:.3f} ms/row"
+    if cost["ceiling_template_48"] is None:
+        return f"[{shape}] suffix-cost   {lengths}  -> {fit} (no slope: no ceiling)"
+    return (
+        f"[{shape}] suffix-cost   {lengths}  -> {fit} (floor = {cost['floor_in_rows']:.1f} "
+        f"rows; 48-token ceiling x{cost['ceiling_template_48']:.2f})"
+    )
+
+
 def _measure(name, ids, encoder, full_session, reference, hits_expected=None):
     """Interleave full-forward and cached calls prompt by prompt."""
     full_times, cached_times, diff, hit_tokens = [], [], _Diff(), []
@@ -205,7 +277,9 @@ def bench_shape(shape_name: str, args, log) -> dict:
         reference = reference_outputs(model, file_ids)
         results.append(_measure("prompts-file", file_ids, enc, full_session, reference))
         log(_line(shape_name, results[-1]))
-    return {"shape": shape_name, "threads": args.threads, "workloads": results}
+    cost = _suffix_cost(enc.runtime, rng, args.iters)
+    log(_cost_line(shape_name, cost))
+    return {"shape": shape_name, "threads": args.threads, "workloads": results, "suffix_cost": cost}
 
 
 def _line(shape, r) -> str:
@@ -230,6 +304,15 @@ def _verdict(report: dict) -> list[str]:
         if shape["shape"] != "sd15":
             continue
         by_name = {w["workload"]: w for w in shape["workloads"]}
+        cost = shape["suffix_cost"]
+        if cost["ceiling_template_48"] is not None:
+            lines.append(
+                f"[sd15] suffix graph: floor {cost['floor_ms']:.1f} ms = "
+                f"{cost['floor_in_rows']:.1f} rows of compute ({cost['per_row_ms']:.2f} ms/row); "
+                f"x{TARGETS['template-48']:g} at 48 tokens needs <= "
+                f"{max_floor_rows(TARGETS['template-48'], 48):.1f} rows; "
+                f"ceiling x{cost['ceiling_template_48']:.2f} before the cache's own work"
+            )
         for name in ("template-48", "exact-repeat"):
             speedup = by_name[name]["speedup"]
             ok = speedup >= TARGETS[name]

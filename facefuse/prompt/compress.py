@@ -11,7 +11,8 @@ The steps, each a pure function of the text (deterministic, no network, no model
    "35 years old", "looking directly at" -> "looking at", "a pair of", "X in the background"
    -> "X background") are rewritten, "close-up" becomes "closeup" (one CLIP token); quality
    boilerplate is mapped to one canonical set (:data:`~facefuse.prompt.lexicon.BOILERPLATE`),
-   each class once (a one-word member such as "hd" is kept as written, never expanded);
+   each class once, in its canonical form when that has fewer CLIP tokens than the user's
+   wording, else as written ("ultra detailed" -> "detailed", "high quality" and "hd" stay);
    articles, pronouns, auxiliaries, "with" and "and" (outside fixed expressions such as
    "black and white") are dropped.
 4. repeated tags are removed (also a one-word tag that another tag holds), the first short
@@ -28,6 +29,7 @@ reported in :attr:`Compression.removed`.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Callable
@@ -179,25 +181,31 @@ _PHRASE_RULES: tuple[_Rule, ...] = tuple(
         # meta instructions to the generator at the start of a tag
         (
             r"^(?:(?:please|kindly) )?(?:(?:can|could|would|will) you (?:please )?)?"
-            r"(?:i (?:want|need|would like|'d like|d like|wish for|am looking for) "
+            r"(?:(?:i (?:want|need|would like|would love|wish for|am looking for)"
+            r"|i'?d (?:like|love)) "
             r"(?:you to |to (?:see|get|have) )?)?(?:(?:please )?(?:generate|create|produce|"
             r"give me|show me|draw me|paint me|render me|make me|make) (?=(?:a|an|the|me|"
             r"some|one|this|my) ))?",
             "",
-            "please kindly can could would will i generate create produce give show draw paint "
-            "render make",
+            "please kindly can could would will i i'd id generate create produce give show draw "
+            "paint render make",
         ),
         (r"^(?:please )?(?:generate|create|produce) ", "", "generate create produce"),
+        # "portrait showing a punk rocker" -> "portrait punk rocker"
+        (
+            rf"\b(?P<medium>{_alternation(MEDIUM_NOUNS)}) (?:showing|that shows|depicting) ",
+            r"\g<medium> ",
+            "showing shows depicting",
+        ),
         (r"\bmake sure (?:that )?", "", "make"),
         (r"\bmake (?:it|this|the (?:image|picture|photo)) (?:look )?(?:like )?", "", "make"),
         (
-            r"\b(?:it|this|the image|the picture|the photo) should "
+            r"\b(?:it|this|(?:the )?(?P<medium>image|picture|photo)) should "
             r"(?:look like|be|have|feel|show|depict) ",
-            "",
+            r"\g<medium> ",
             "should",
         ),
         (r"\b(?:kind|sort) of\b", "", "kind sort"),
-        (r"^(?:(?:an?|the) )?(?:image|picture)(?: of)? (?=\w)", "", "image picture"),
         (
             r"\b(?:about|around|approximately|roughly|maybe) (?=\d)",
             "",
@@ -254,12 +262,23 @@ class _Canon:
             self.canonicalised.append((original, ""))
             return " "
         self.emitted.add(key)
-        shown = canon.split(":", 1)[1] if canon.startswith("site:") else canon
-        if " " not in original:
+        if canon.startswith("site:"):
+            shown = canon.split(":", 1)[1]
+        elif _clip_length(original) <= _clip_length(canon):
             shown = original  # "hd" stays "hd" (CLIP reads "8k" as two tokens): never add any
+        else:
+            shown = canon  # "ultra detailed" -> "detailed"
         if original != shown:
             self.canonicalised.append((original, shown))
         return " \x02" + shown.replace(" ", "\x03") + "\x02 "
+
+
+@functools.lru_cache(maxsize=4096)
+def _clip_length(phrase: str) -> int:
+    """CLIP tokens of a boilerplate phrase (a member or a canonical form: a bounded set)."""
+    from facefuse.prompt.tokenizer import count_tokens, embedded_tokenizer
+
+    return count_tokens(embedded_tokenizer(), phrase)
 
 
 def _has_meaning(word: str) -> bool:
@@ -333,7 +352,7 @@ def _render(word: str) -> str:
     return word.replace("\x04", " ") if "\x04" in word else word
 
 
-_CANON_WORDS = frozenset(w for canon in BOILERPLATE for w in canon.split())
+_CANON_WORDS = frozenset(w for phrase in _BP_CLASS for w in phrase.split())  # any shown form
 
 
 def _drop_subsumed(tags: list[list[str]], canon: _Canon) -> list[list[str]]:
@@ -437,15 +456,26 @@ def compress(
 _ADJECTIVAL = re.compile(r"(?:ed|ic|al|ous|ful|ive|ing|ant|ent|less|ish|ible|able|ese|ian|ly|est)$")
 
 
+def _fixed_phrase(tag: list[str]) -> bool:
+    """A tag that is one canonical boilerplate or binomial ("best quality", "black and white"):
+    a fixed expression that no neighbour blurs, so it never needs a comma."""
+    return len(tag) == 1 and " " in tag[0]
+
+
 def _noun_like(tag: list[str]) -> bool:
-    return len(tag) == 1 and not _ADJECTIVAL.search(tag[0]) and tag[0][:1].isalpha()
+    return (
+        len(tag) == 1
+        and not _fixed_phrase(tag)
+        and not _ADJECTIVAL.search(tag[0])
+        and tag[0][:1].isalpha()
+    )
 
 
 LIST_LIKE_WORDS_PER_TAG = 1.9  # a prompt of shorter tags on average is a list of items
 
 
 def _nounish(tag: list[str]) -> bool:
-    return len(tag) > 1 or not _ADJECTIVAL.search(tag[0])
+    return not _fixed_phrase(tag) and (len(tag) > 1 or not _ADJECTIVAL.search(tag[0]))
 
 
 def join_tags(tags: list[list[str]], separator: str = "compact") -> str:
@@ -455,7 +485,8 @@ def join_tags(tags: list[list[str]], separator: str = "compact") -> str:
     where two one-word noun tags meet ("fire, mask" must not read as a "fire mask"), where two
     numbers would merge ("iso 100, 35mm"), and, in list-like prompts (short tags, on average
     at most :data:`LIST_LIKE_WORDS_PER_TAG` words), between any two noun tags of one or two
-    words ("real estate, blender"), where merging would blur the items most.
+    words ("real estate, blender"), where merging would blur the items most. A fixed phrase
+    (one canonical boilerplate or binomial, "best quality") needs no comma on either side.
     """
     if separator != "compact":
         return separator.join(" ".join(t) for t in tags)

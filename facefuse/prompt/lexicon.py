@@ -238,10 +238,12 @@ IDENTITY_NOUNS = frozenset(
 )
 
 # Boilerplate classes: every member means the same quality cue; the first occurrence in a prompt
-# becomes the canonical form, later ones are dropped. Multi-word members match anywhere in a
-# tag; members in TAG_ONLY match only a whole tag (e.g. "sharp" in "sharp teeth" is content).
+# is shown in the class's canonical form (the key) when that has fewer CLIP tokens, else as the
+# user wrote it ("high quality" stays: "best quality" is no shorter), later ones are dropped.
+# Multi-word members match anywhere in a tag; members in TAG_ONLY match only a whole tag (e.g.
+# "sharp" in "sharp teeth" is content).
 BOILERPLATE: dict[str, tuple[str, ...]] = {
-    "highly detailed": (
+    "detailed": (
         "highly detailed",
         "highly-detailed",
         "ultra detailed",

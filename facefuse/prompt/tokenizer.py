@@ -59,6 +59,12 @@ def build_clip_tokenizer(pad_token: str = "<|endoftext|>"):  # noqa: S107 (a tok
     return tokenizer
 
 
+@functools.lru_cache(maxsize=1)
+def embedded_tokenizer():
+    """The embedded CLIP tokenizer, built once per process (for token counts in library code)."""
+    return build_clip_tokenizer()
+
+
 def load_tokenizer(model_dir: str | Path | None = None):
     """Load ``model_dir/tokenizer`` (a diffusers folder), or the embedded CLIP tokenizer if None."""
     if model_dir is None:

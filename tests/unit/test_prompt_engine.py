@@ -46,10 +46,29 @@ def cli_tok(tok, monkeypatch):
 
 def test_boilerplate_becomes_one_canonical_set():
     out = compress("portrait of a man, highly detailed, ultra detailed, 8k, 4k, hd, 8 k").text
-    assert out.split().count("detailed") == 1 and "highly detailed" in out
-    assert out.split().count("8k") == 1
-    for gone in ("ultra", "4k", "hd"):
-        assert gone not in out.split()
+    assert out == "portrait man detailed 8k"  # "detailed" is shorter in CLIP tokens
+
+
+def test_boilerplate_keeps_the_users_wording_unless_the_canonical_form_is_shorter():
+    # "high quality" and "best quality" are both 2 CLIP tokens: the user's words stay;
+    # "extremely detailed" (2) -> "detailed" (1); a boilerplate phrase needs no comma around it
+    out = compress("a woman, masterpiece, high quality, extremely detailed, sharp focus").text
+    assert out == "woman, masterpiece high quality detailed sharp focus"
+    result = compress("old man, high quality, best quality, hq")
+    assert result.text == "old man high quality"
+    assert ("best quality", "") in result.canonicalised and ("hq", "") in result.canonicalised
+
+
+def test_request_phrasing_goes_but_the_medium_named_stays():
+    cases = {
+        "I'd like a picture of a young woman": "picture young woman",
+        "I would love to see a photo of a young Korean woman": "photo young korean woman",
+        "I need a portrait showing a punk rocker": "portrait punk rocker",
+        "The picture should show a woman with a pixie cut": "picture woman pixie cut",
+        "Can you generate an image of a teenage girl": "image teenage girl",
+    }
+    for text, want in cases.items():
+        assert compress(text).text == want, text
 
 
 def test_repeated_tags_and_fillers_are_removed_but_subjects_artists_styles_kept():

@@ -22,7 +22,8 @@ from facefuse.prompt.optimizer import optimize_text
         ("wearing a pair of round glasses", "wearing round glasses"),
         ("looking directly at the camera", "looking at camera"),
         ("looking straight into the lens", "looking into lens"),
-        ("The picture should show a woman with red hair", "woman red hair"),
+        ("The picture should show a woman with red hair", "picture woman red hair"),
+        ("it should look like a woman with red hair", "woman red hair"),
     ],
 )
 def test_verbose_phrasing_is_shortened(text, expected):
