@@ -29,6 +29,9 @@ def test_ceiling_is_the_row_ratio_without_floor_and_falls_with_it():
     assert max_floor_rows(2.5, 48) == pytest.approx(3.0)
     assert speedup_ceiling(3.0 * 2.0, 2.0, 48) == pytest.approx(2.5)
     assert speedup_ceiling(17.0, 2.7, 48) < 2.5
+    # a batch shares one floor: the ceiling climbs back towards 77/29
+    by_batch = [speedup_ceiling(18.0, 1.87, 48, batch=b) for b in (1, 2, 4, 64)]
+    assert by_batch == sorted(by_batch) and by_batch[-1] < 77 / 29
     with pytest.raises(ValueError, match="prefix"):
         speedup_ceiling(1.0, 1.0, 77)
 
