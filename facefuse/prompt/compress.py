@@ -5,10 +5,11 @@ The steps, each a pure function of the text (deterministic, no network, no model
 1. :func:`normalize` — Unicode NFKC, lower case (CLIP lower-cases anyway), full-width
    punctuation, "8 k" -> "8k", "wet - on - wet" -> "wet-on-wet" (same CLIP tokens, one word).
 2. :func:`split_tags` — comma/semicolon/sentence/bracket separated tags.
-3. per tag: meta instructions ("please create", "I want", "the picture should show") and
-   fillers ("kind of", "in the style of X" -> "X style", or just "X" when X is a medium such
-   as "watercolor painting", "portrait of X" -> "portrait X", "looks about 35 years old" ->
-   "35 years old", "looking directly at" -> "looking at", "a pair of", "X in the background"
+3. per tag: meta instructions ("please create", "I'd like", "the picture should show": the
+   medium named, "picture", stays) and fillers ("kind of", "in the style of X" -> "X style",
+   or just "X" when X is a medium such as "watercolor painting", "portrait of X" -> "portrait
+   X", "looks about 35 years old" -> "35 years old", "looking directly at" -> "looking at",
+   "a pair of", "X in the background"
    -> "X background") are rewritten, "close-up" becomes "closeup" (one CLIP token); quality
    boilerplate is mapped to one canonical set (:data:`~facefuse.prompt.lexicon.BOILERPLATE`),
    each class once, in its canonical form when that has fewer CLIP tokens than the user's

@@ -9,7 +9,7 @@ from facefuse import metrics
 from facefuse.errors import InvalidInput
 from facefuse.limits import check_optional_text
 from facefuse.prompt.optimizer import OVERFLOW_MODES, optimize
-from facefuse.prompt.tokenizer import build_clip_tokenizer, load_tokenizer
+from facefuse.prompt.tokenizer import embedded_tokenizer, load_tokenizer
 from facefuse.triton_io import TritonMetric, get_text, json_tensor, pb_utils, respond_each
 
 
@@ -23,7 +23,8 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         # the exported model's own tokenizer; the embedded CLIP vocabulary otherwise
         has_own = (version_dir / "tokenizer").is_dir()
-        self.tokenizer = load_tokenizer(version_dir) if has_own else build_clip_tokenizer()
+        self.tokenizer = load_tokenizer(version_dir) if has_own else embedded_tokenizer()
+        embedded_tokenizer()  # the compressor counts boilerplate tokens with it: build it now
         labels = {"model": self.name}
         self.tokens_before = TritonMetric(
             metrics.PROMPT_TOKENS_BEFORE, "CLIP tokens in instructions received", **labels
