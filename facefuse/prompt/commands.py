@@ -55,13 +55,13 @@ def register(subparsers) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer():
-    """The embedded CLIP tokenizer, built once per process (building takes seconds)."""
+    """The embedded CLIP tokenizer, built once per process and shared with the compressor."""
     from transformers.utils import logging as hf_logging
 
-    from facefuse.prompt.tokenizer import build_clip_tokenizer
+    from facefuse.prompt.tokenizer import embedded_tokenizer
 
     hf_logging.set_verbosity_error()  # counting past 77 is the point; no "indexing" warning
-    return build_clip_tokenizer()
+    return embedded_tokenizer()
 
 
 def _prompt(args) -> int:

@@ -23,8 +23,8 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         # the exported model's own tokenizer; the embedded CLIP vocabulary otherwise
         has_own = (version_dir / "tokenizer").is_dir()
-        self.tokenizer = load_tokenizer(version_dir) if has_own else embedded_tokenizer()
-        embedded_tokenizer()  # the compressor counts boilerplate tokens with it: build it now
+        embedded = embedded_tokenizer()  # built now: the compressor counts boilerplate with it
+        self.tokenizer = load_tokenizer(version_dir) if has_own else embedded
         labels = {"model": self.name}
         self.tokens_before = TritonMetric(
             metrics.PROMPT_TOKENS_BEFORE, "CLIP tokens in instructions received", **labels

@@ -27,9 +27,9 @@ log = logging.getLogger("facefuse.triton")
 
 def _tokenize(text: str) -> list[int]:
     """Ids of a text warm template without bos/eos (the real CLIP vocabulary)."""
-    from facefuse.prompt.tokenizer import build_clip_tokenizer
+    from facefuse.prompt.tokenizer import embedded_tokenizer
 
-    return build_clip_tokenizer()(text, add_special_tokens=False)["input_ids"]
+    return embedded_tokenizer()(text, add_special_tokens=False)["input_ids"]
 
 
 class TritonPythonModel(OnnxTritonModel):
