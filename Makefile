@@ -6,6 +6,8 @@ FACEFUSE := $(VENV)/bin/facefuse
 STAMP := $(VENV)/.facefuse-installed
 REPOSITORY ?= model_repository
 TORCH_VERSION ?= 2.13.0
+# the embedded default: the trained face model shipped in facefuse/models/faces
+MODEL ?= faces
 
 .PHONY: install demo test test-unit test-integration lint format export clean
 
@@ -20,7 +22,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 export: install
-	$(FACEFUSE) export --model tiny --out $(REPOSITORY)
+	$(FACEFUSE) export --model $(MODEL) --out $(REPOSITORY)
 
 demo: export
 	$(FACEFUSE) demo --repository $(REPOSITORY) --out out/fused.png

@@ -25,8 +25,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--model",
-        default="tiny",
-        help="'tiny' (the seeded tiny SD 1.x model, built on first use into .cache/models/tiny), "
+        default="faces",
+        help="'faces' (the default: the trained face model shipped in the package, 128 px, "
+        "TAEF2 latents), 'tiny' (the seeded tiny SD 1.x model with random weights, for fast "
+        "tests, built on first use into .cache/models/tiny), "
         "'mid' (a seeded mid-size model whose UNet dominates the cost) "
         "or the path of a local diffusers SD 1.x folder (e.g. stable-diffusion-v1-5)",
     )

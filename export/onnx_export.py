@@ -36,6 +36,8 @@ class ExportResult:
 def _wrappers():
     import torch
 
+    from facefuse.models.vae import decode_scaled, encode_scaled
+
     class TextEncoder(torch.nn.Module):
         def __init__(self, model):
             super().__init__()
@@ -54,15 +56,14 @@ def _wrappers():
             return self.model(sample, timestep, encoder_hidden_states, return_dict=False)[0]
 
     class VaeEncoder(torch.nn.Module):
-        """Pixels in [-1, 1] -> scaled latent mean (deterministic img2img encoding)."""
+        """Pixels in [-1, 1] -> scaled latents (deterministic img2img encoding)."""
 
         def __init__(self, vae):
             super().__init__()
             self.vae = vae
 
         def forward(self, image):
-            mean = self.vae.encode(image).latent_dist.mean
-            return mean * self.vae.config.scaling_factor
+            return encode_scaled(self.vae, image)
 
     class VaeDecoder(torch.nn.Module):
         """Scaled latents -> pixels in [-1, 1]."""
@@ -72,7 +73,7 @@ def _wrappers():
             self.vae = vae
 
         def forward(self, latents):
-            return self.vae.decode(latents / self.vae.config.scaling_factor, return_dict=False)[0]
+            return decode_scaled(self.vae, latents)
 
     return TextEncoder, Unet, VaeEncoder, VaeDecoder
 
@@ -143,7 +144,8 @@ def export_unet(unet, path: Path, latent_size: int, text_dim: int, batch: int = 
 
     module = _wrappers()[1](unet).eval()
     generator = torch.Generator().manual_seed(0)
-    sample = torch.randn(batch, 4, latent_size, latent_size, generator=generator)
+    channels = unet.config.in_channels
+    sample = torch.randn(batch, channels, latent_size, latent_size, generator=generator)
     timestep = torch.tensor([999.0, 500.0][:batch] + [10.0] * max(0, batch - 2))
     context = torch.randn(batch, 77, text_dim, generator=generator)
     _export(
@@ -192,9 +194,10 @@ def export_vae_decoder(vae, path: Path, latent_size: int, batch: int = 1) -> Exp
     import torch
 
     module = _wrappers()[3](vae).eval()
-    latents = torch.randn(
-        batch, 4, latent_size, latent_size, generator=torch.Generator().manual_seed(0)
-    )
+    from facefuse.models.vae import latent_channels
+
+    shape = (batch, latent_channels(vae), latent_size, latent_size)
+    latents = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     _export(
         module,
         (latents,),

@@ -128,6 +128,7 @@ def export_repository(
         model_id=model_identity(components.path),
         image_size=components.image_size,
         vae_scale_factor=components.vae_scale_factor,
+        latent_channels=components.latent_channels,
         text_dim=text_dim,
         pad_token_id=int(components.tokenizer.pad_token_id),
         scheduler_config=components.scheduler_config,

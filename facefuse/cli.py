@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "facefuse.bench",  # bench ...
     "facefuse.quality.commands",  # quality
     "facefuse.face.commands",  # face-eval
+    "facefuse.train.commands",  # train
 )
 
 

@@ -25,6 +25,7 @@ class PipelineManifest:
     pad_token_id: int
     scheduler_config: dict = field(default_factory=dict)
     clip_skip: int = 1
+    latent_channels: int = 4  # 32 for TAEF2 (the ``faces`` model)
 
     @property
     def latent_size(self) -> int:

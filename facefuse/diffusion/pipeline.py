@@ -213,7 +213,7 @@ class Pipeline:
             steps=params.steps,
             guidance=params.guidance,
             seed=params.seed,
-            latent_shape=(4, s, s),
+            latent_shape=(self.manifest.latent_channels, s, s),
             cfg_truncation=self.cfg_truncation,
             should_stop=should_stop,
         )

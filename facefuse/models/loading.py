@@ -12,6 +12,9 @@ from pathlib import Path
 from facefuse.errors import ModelLoadError
 
 SEEDED_NAMES = ("tiny", "mid")  # seeded random-weight models built on first use
+# trained models shipped inside the package (facefuse/models/<name>/)
+EMBEDDED_NAMES = ("faces",)
+DEFAULT_MODEL = "faces"
 REQUIRED = ("unet", "vae", "text_encoder", "tokenizer", "scheduler")
 
 
@@ -28,7 +31,13 @@ class Components:
 
     @property
     def vae_scale_factor(self) -> int:
-        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+        from facefuse.models.vae import scale_factor
+
+        return scale_factor(self.vae)
+
+    @property
+    def latent_channels(self) -> int:
+        return int(self.unet.config.in_channels)
 
     @property
     def image_size(self) -> int:
@@ -36,8 +45,19 @@ class Components:
         return self.unet.config.sample_size * self.vae_scale_factor
 
 
+def embedded_model(name: str) -> Path:
+    """The folder of a trained model shipped in the package (``faces``)."""
+    return Path(__file__).parent / name
+
+
 def resolve_model(model: str | Path, cache_dir: str | Path = ".cache/models") -> Path:
-    """``"tiny"``/``"mid"`` build (once) and return a seeded model folder; a path is checked."""
+    """``"faces"``: the shipped trained model; ``"tiny"``/``"mid"``: build (once) and return a
+    seeded model folder; a path is checked."""
+    if str(model) in EMBEDDED_NAMES:
+        folder = embedded_model(str(model))
+        if not (folder / "model_index.json").is_file():
+            raise ModelLoadError(f"{folder}: the embedded {model!r} model is missing")
+        return folder
     if str(model) in SEEDED_NAMES:
         from facefuse.models.tiny import NAMED_SHAPES, save_model
 
@@ -56,21 +76,27 @@ def resolve_model(model: str | Path, cache_dir: str | Path = ".cache/models") ->
 
 
 def load_components(model: str | Path) -> Components:
-    """Load every component of ``model`` (a seeded name or a diffusers folder), fp32 eval mode."""
+    """Load every component of ``model`` (a name or a diffusers folder), fp32 eval mode.
+
+    Weights stored in fp16 (the shipped ``faces`` model) are loaded as fp32."""
     import json
 
-    from diffusers import AutoencoderKL, UNet2DConditionModel
+    import torch
+    from diffusers import UNet2DConditionModel
     from transformers import CLIPTextModel
 
+    from facefuse.models.vae import load_vae
     from facefuse.prompt.tokenizer import load_tokenizer
 
     folder = resolve_model(model)
     kwargs = {"use_safetensors": True}
+    text_encoder = CLIPTextModel.from_pretrained(folder / "text_encoder", **kwargs)
+    unet = UNet2DConditionModel.from_pretrained(folder / "unet", **kwargs)
     return Components(
         path=folder,
-        text_encoder=CLIPTextModel.from_pretrained(folder / "text_encoder", **kwargs).eval(),
-        unet=UNet2DConditionModel.from_pretrained(folder / "unet", **kwargs).eval(),
-        vae=AutoencoderKL.from_pretrained(folder / "vae", **kwargs).eval(),
+        text_encoder=text_encoder.to(torch.float32).eval(),
+        unet=unet.to(torch.float32).eval(),
+        vae=load_vae(folder / "vae"),
         tokenizer=load_tokenizer(folder),
         scheduler_config=json.loads((folder / "scheduler" / "scheduler_config.json").read_text()),
     )

@@ -74,6 +74,26 @@ def load_tokenizer(model_dir: str | Path | None = None):
     return CLIPTokenizer.from_pretrained(str(Path(model_dir) / "tokenizer"))
 
 
+def save_tokenizer_files(folder: str | Path) -> Path:
+    """Write the embedded tokenizer as ``vocab.json`` + ``merges.txt`` (1.4 MB, not the 3.6 MB
+    ``tokenizer.json``); ``CLIPTokenizer.from_pretrained(folder)`` loads the same ids."""
+    import json
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab, merges = clip_vocab_and_merges()
+    (folder / "vocab.json").write_text(
+        json.dumps(dict(vocab), ensure_ascii=False, separators=(",", ":")), encoding="utf-8"
+    )
+    lines = ["#version: 0.2", *(" ".join(pair) for pair in merges)]
+    (folder / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    special = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>"}
+    config = {**special, "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
+              "model_max_length": MAX_LENGTH, "tokenizer_class": "CLIPTokenizer"}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
 def count_tokens(tokenizer, text: str) -> int:
     """Number of CLIP tokens in ``text`` without bos/eos and without truncation."""
     return len(tokenizer(text, add_special_tokens=False, truncation=False)["input_ids"])

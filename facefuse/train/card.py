@@ -1,0 +1,73 @@
+"""The model card (``README.md``) written into a trained model folder."""
+
+from __future__ import annotations
+
+CARD = """# faces: the embedded face model of facefuse
+
+A small latent diffusion model trained from scratch, on CPU, by `facefuse train`, to refine
+fused faces at {size} px (latents {latent}x{latent}x32). It is the default that
+`make demo` and `facefuse export` use.
+
+| part | what | weights |
+| --- | --- | --- |
+| `unet/` | diffusers `UNet2DConditionModel`, SD 1.x layout, {channels} | trained |
+| `text_encoder/` | `CLIPTextModel`, {text_layers} layers, hidden {text_hidden} | trained jointly |
+| `tokenizer/` | the real CLIP BPE vocabulary (vocab.json, merges.txt) | - |
+| `vae/` | TAEF2 (MIT), frozen; latent shift {shift:.4f}, scale {scale:.4f} | pretrained |
+| `scheduler/` | SD 1.x DDPM schedule (scaled linear, 1000 steps, epsilon) | - |
+
+The text tower is trained with the UNet, from scratch: a random CLIP tower's features carry no
+meaning, and no pretrained one can be downloaded here.
+
+## Training
+- Command: `{command}`
+- Steps {steps}, batch {batch}, AdamW lr {lr} (cosine, warm-up {warmup}), EMA {ema},
+  min-SNR gamma {snr}, conditioning dropout {dropout} (empty or the default negative prompt).
+- Wall time: {minutes} min of training on a 2-core CPU (latent preparation not included);
+  final loss {loss}.
+- Crops: {photos} photos, each face found by the pipeline's detector and cut with its face
+  ellipse and crop box, plus {augmentations} augmented copies (flip, +-8 deg, +-8% scale, +-4%
+  shift, +-10% colour); latents encoded once with the frozen TAEF2 encoder.
+- Held out (never read for training): London set people {heldout}.
+
+## Data and licences
+- Face Research Lab London Set, DeBruine & Jones (2017), doi 10.6084/m9.figshare.5047666.v5,
+  **CC BY 4.0**: neutral / smiling photos of {london} people used as training data. These
+  weights are derived from it: credit "DeBruine, L. & Jones, B. (2017). Face Research Lab London
+  Set" when you redistribute them.
+- Congressional Pictorial Directory portraits (US government works, public domain), captioned
+  "black and white photo".
+- inter-faces avatar set (cjdowner/interfaces 1.4, CC0), captioned as portraits.
+- TAEF2 weights: MIT licence (THIRD_PARTY_LICENSES.md).
+
+Not for identifying people; trained on few hundred faces, it draws plausible faces at low
+resolution and follows "smiling" / "neutral expression" / "black and white".
+"""
+
+
+def model_card(extra: dict) -> str:
+    config = extra["config"]
+    heldout = extra["heldout_london_ids"]
+    return CARD.format(
+        size=config["size"],
+        latent=config["size"] // 8,
+        channels=tuple(config["unet_channels"]),
+        text_layers=config["text_layers"],
+        text_hidden=config["text_hidden"],
+        shift=extra["latent_shift"],
+        scale=extra["latent_scale"],
+        command=extra["command"],
+        steps=config["steps"],
+        batch=config["batch"],
+        lr=config["lr"],
+        warmup=config["warmup"],
+        ema=config["ema_decay"],
+        snr=config["snr_gamma"],
+        dropout=config["cond_dropout"],
+        minutes=extra["train_minutes"],
+        loss=f"{extra['final_loss']:.4f}" if extra["final_loss"] is not None else "n/a",
+        photos=extra["photos"],
+        augmentations=config["augmentations"],
+        heldout=", ".join(heldout),
+        london=82 - len(heldout),
+    )

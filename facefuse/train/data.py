@@ -1,0 +1,187 @@
+"""Training crops: the faces of a data folder, cut exactly as the fusion pipeline cuts B.
+
+Each photo is decoded as the service decodes it, its face is found by the project's detector
+cascade and cropped with the pipeline's own face ellipse and square box
+(:func:`facefuse.face.geometry.crop_box`), so the UNet trains on what it is later handed.
+Augmentation (flip, small scale / rotation / shift, colour jitter) is applied to the photo
+through the crop's affine map, so a shifted crop shows real pixels, not padding.
+
+Captions come from what is known of each photo (:data:`CAPTIONS`): the London set's
+``neutral/`` and ``smiling/`` folders, "black and white" for the congress portraits, a portrait
+caption otherwise. Held-out London people are never read for training.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from facefuse.errors import InvalidInput
+from facefuse.face import geometry
+from facefuse.face.detect import find_face
+from facefuse.face.evaluate import image_files
+from facefuse.face.imageio import PixelError, decode_image
+
+# Caption kind -> phrasings. Short, like the prompt optimizer's output ("smiling",
+# "keep neutral expression", "smiling glasses"), so the served prompts are ones it was trained on.
+CAPTIONS = {
+    "smiling": (
+        "smiling",
+        "smile",
+        "big smile",
+        "smiling face",
+        "portrait smiling",
+        "photo person smiling",
+        "happy smiling",
+    ),
+    "neutral": (
+        "neutral expression",
+        "keep neutral expression",
+        "serious",
+        "neutral face",
+        "portrait neutral expression",
+        "calm face closed mouth",
+    ),
+    "bw": ("black and white photo", "black and white portrait", "monochrome portrait photo"),
+    "portrait": ("portrait photo", "portrait", "photo person", "face", "headshot"),
+}
+# Words users add that say nothing the photos show; appended at random so that the model keeps
+# following the expression words when they appear ("make her smile, keep the hair" ->
+# "smiling hair").
+DISTRACTORS = (
+    "glasses", "hair", "keep hair", "soft studio light", "detailed", "sharp", "natural light",
+    "photo", "realistic", "keep glasses", "high quality",
+)  # fmt: skip
+
+# Which caption kind each dataset folder carries, and its sampling weight per epoch (the
+# London pairs are the only expression supervision, so they are drawn more often).
+LONDON, CONGRESS, PORTRAITS = "faces-london", "faces-congress", "faces"
+SAMPLING_WEIGHT = {LONDON: 0.4, CONGRESS: 0.3, PORTRAITS: 0.3}
+
+
+@dataclass(frozen=True)
+class Photo:
+    """One training photo: its file, dataset, person and caption kind."""
+
+    path: Path
+    dataset: str
+    person: str
+    kind: str
+
+
+def london_people(root: Path) -> list[str]:
+    """IDs present in both ``neutral/`` and ``smiling/`` of the London set, sorted."""
+    folder = root / LONDON
+    neutral = {p.stem for p in image_files(folder / "neutral")}
+    smiling = {p.stem for p in image_files(folder / "smiling")}
+    return sorted(neutral & smiling)
+
+
+def split_people(people: list[str], heldout: int, seed: int) -> tuple[list[str], list[str]]:
+    """(train, held-out) people: a seeded choice of ``heldout`` of them, both sorted."""
+    if heldout >= len(people):
+        raise InvalidInput("--heldout", f"must be below the {len(people)} London people")
+    rng = np.random.default_rng(seed)
+    chosen = set(rng.choice(people, size=heldout, replace=False).tolist())
+    return sorted(set(people) - chosen), sorted(chosen)
+
+
+def collect_photos(root: str | Path, heldout: Iterable[str]) -> list[Photo]:
+    """Every training photo under ``root`` (a folder laid out like ``../shared/data``)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise InvalidInput("--data", f"{root} is not a directory")
+    skip = set(heldout)
+    photos = []
+    for person in london_people(root):
+        if person in skip:
+            continue
+        for kind in ("neutral", "smiling"):
+            photos += [Photo(root / LONDON / kind / f"{person}.jpg", LONDON, person, kind)]
+    if (root / CONGRESS).is_dir():
+        photos += [Photo(p, CONGRESS, p.stem, "bw") for p in image_files(root / CONGRESS)]
+    if (root / PORTRAITS).is_dir():
+        photos += [Photo(p, PORTRAITS, p.stem, "portrait") for p in image_files(root / PORTRAITS)]
+    photos = [p for p in photos if p.path.is_file()]
+    if not photos:
+        raise InvalidInput(
+            "--data", f"{root}: no photos found (expected {LONDON}/, {CONGRESS}/ or {PORTRAITS}/)"
+        )
+    return photos
+
+
+@dataclass
+class Cropped:
+    """A photo decoded, with the 2x3 map from its pixels to the ``size`` crop of its face."""
+
+    photo: Photo
+    rgb: np.ndarray
+    to_crop: np.ndarray
+
+
+def locate(photo: Photo, size: int) -> Cropped | None:
+    """Decode and find the face; None when no face is found. Unreadable files raise."""
+    try:
+        rgb = decode_image(photo.path.read_bytes(), str(photo.path))
+    except (InvalidInput, PixelError, OSError) as exc:
+        raise InvalidInput(str(photo.path), f"expected a readable photo ({exc})") from exc
+    face = find_face(rgb)
+    if face is None:
+        return None
+    ellipse = geometry.face_ellipse(face.left_eye, face.right_eye)
+    box = geometry.crop_box(ellipse, rgb.shape)
+    return Cropped(photo, rgb, geometry.box_to_square(box, size))
+
+
+def crop(item: Cropped, size: int, rng: np.random.Generator | None = None) -> np.ndarray:
+    """The face crop, float32 [size, size, 3] in [0, 1]; augmented when ``rng`` is given."""
+    matrix = item.to_crop
+    flip = False
+    if rng is not None:
+        angle = rng.uniform(-8.0, 8.0)
+        scale = rng.uniform(0.92, 1.08)
+        shift = rng.uniform(-0.04, 0.04, size=2) * size
+        centre = (size / 2 - 0.5, size / 2 - 0.5)
+        jitter = cv2.getRotationMatrix2D(centre, angle, scale)
+        jitter[:, 2] += shift
+        matrix = geometry.compose(jitter, matrix)
+        flip = bool(rng.random() < 0.5)
+    shrink = math.sqrt(abs(np.linalg.det(item.to_crop[:, :2])))
+    out = cv2.warpAffine(
+        item.rgb,
+        matrix,
+        (size, size),
+        flags=cv2.INTER_AREA if shrink < 1 else cv2.INTER_CUBIC,
+        borderMode=cv2.BORDER_REPLICATE,
+    ).astype(np.float32)
+    out /= 255.0
+    if flip:
+        out = out[:, ::-1]
+    if rng is not None:
+        out = _jitter_colour(out, rng, grayscale=item.photo.kind == "bw")
+    return np.ascontiguousarray(np.clip(out, 0.0, 1.0))
+
+
+def _jitter_colour(rgb: np.ndarray, rng: np.random.Generator, grayscale: bool) -> np.ndarray:
+    """Brightness, contrast and (for colour photos) saturation, each within +-10%."""
+    out = rgb * rng.uniform(0.9, 1.1)
+    mean = out.mean()
+    out = (out - mean) * rng.uniform(0.9, 1.1) + mean
+    if not grayscale:
+        gray = out.mean(axis=2, keepdims=True)
+        out = (out - gray) * rng.uniform(0.9, 1.1) + gray
+    return out
+
+
+def caption(kind: str, rng: np.random.Generator, distractor_p: float = 0.3) -> str:
+    """A phrasing of ``kind``, sometimes with a distractor word before or after."""
+    text = str(rng.choice(CAPTIONS[kind]))
+    if rng.random() < distractor_p:
+        word = str(rng.choice(DISTRACTORS))
+        text = f"{word} {text}" if rng.random() < 0.5 else f"{text} {word}"
+    return text

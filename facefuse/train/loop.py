@@ -1,0 +1,441 @@
+"""Train the embedded ``faces`` model: a small SD 1.x UNet and CLIP text tower on TAEF2 latents.
+
+Run layout (``RUN``): ``latents.npz`` (the frozen TAEF2 encoder's latents of every augmented
+crop, made once), ``checkpoint.pt`` (written to a temporary name and renamed, every
+``checkpoint_every`` steps; a run resumes from it), ``log.csv``, ``loss.png`` and
+``samples/step-NNNNNN.png`` (fixed-seed txt2img grid of the EMA weights per checkpoint).
+
+Invariants: the same config and seed give the same crops, latents, batches and noise (CPU,
+fp32); a checkpoint of another config is refused, naming the fields that differ; the text
+encoder sees exactly the token ids the served ``prompt_optimizer`` produces
+(:func:`facefuse.prompt.optimizer.encode_chunks`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from facefuse.errors import InvalidInput, ModelLoadError
+from facefuse.models.tiny import SD1_SCHEDULER
+from facefuse.prompt.optimizer import DEFAULT_NEGATIVE, encode_chunks
+from facefuse.prompt.tokenizer import BOS_ID, EOS_ID, MAX_LENGTH, VOCAB_SIZE, embedded_tokenizer
+from facefuse.train import data
+
+CHECKPOINT = "checkpoint.pt"
+LATENTS = "latents.npz"
+KINDS = tuple(data.CAPTIONS)
+# fixed sample prompts of the per-checkpoint grid (one row each)
+SAMPLE_PROMPTS = ("smiling", "keep neutral expression", "black and white photo", "portrait photo")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a run; a checkpoint is only resumed under an equal config."""
+
+    size: int = 128
+    steps: int = 4000
+    batch: int = 16
+    lr: float = 3e-4
+    warmup: int = 200
+    seed: int = 0
+    heldout: int = 16
+    augmentations: int = 3  # augmented crops per photo, besides the plain one
+    unet_channels: tuple[int, ...] = (64, 128, 128)
+    layers_per_block: int = 1
+    attention_heads: int = 8
+    text_hidden: int = 32
+    text_layers: int = 2
+    text_heads: int = 4
+    cond_dropout: float = 0.1
+    ema_decay: float = 0.999
+    snr_gamma: float = 5.0
+    checkpoint_every: int = 250
+
+    def __post_init__(self):
+        if self.size < 64 or self.size % 8:
+            raise InvalidInput(
+                "--size", f"must be a multiple of 8 and at least 64, got {self.size}"
+            )
+        if self.steps < 1 or self.batch < 1:
+            raise InvalidInput("--steps/--batch", "must be at least 1")
+
+    @property
+    def latent_size(self) -> int:
+        return self.size // 8
+
+    def as_dict(self) -> dict:
+        return json.loads(json.dumps(asdict(self)))  # tuples become lists, as in JSON
+
+
+# ----------------------------------------------------------------------------- models
+def build_text_encoder(config: TrainConfig):
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(config.seed)
+    return CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=config.text_hidden,
+            intermediate_size=4 * config.text_hidden,
+            num_hidden_layers=config.text_layers,
+            num_attention_heads=config.text_heads,
+            max_position_embeddings=MAX_LENGTH,
+            hidden_act="quick_gelu",
+            bos_token_id=BOS_ID,
+            eos_token_id=EOS_ID,
+            pad_token_id=1,
+            projection_dim=config.text_hidden,
+        )
+    )
+
+
+def build_unet(config: TrainConfig):
+    from diffusers import UNet2DConditionModel
+
+    from facefuse.models.taef2 import LATENT_CHANNELS
+
+    levels = len(config.unet_channels)
+    torch.manual_seed(config.seed + 1)
+    return UNet2DConditionModel(
+        sample_size=config.latent_size,
+        in_channels=LATENT_CHANNELS,
+        out_channels=LATENT_CHANNELS,
+        block_out_channels=config.unet_channels,
+        layers_per_block=config.layers_per_block,
+        down_block_types=("CrossAttnDownBlock2D",) * (levels - 1) + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * (levels - 1),
+        cross_attention_dim=config.text_hidden,
+        attention_head_dim=config.attention_heads,
+        norm_num_groups=32,
+    )
+
+
+def noise_scheduler():
+    from diffusers import DDPMScheduler
+
+    keys = ("beta_start", "beta_end", "beta_schedule", "num_train_timesteps", "prediction_type")
+    return DDPMScheduler(**{k: SD1_SCHEDULER[k] for k in keys})
+
+
+# ----------------------------------------------------------------------------- latents
+def prepare_latents(config: TrainConfig, data_root: Path, taef2_dir: Path, run: Path, log=print):
+    """Crop, augment and encode every training photo once; cached in ``run/latents.npz``."""
+    from facefuse.models.taef2 import load_taef2
+
+    path = run / LATENTS
+    if path.is_file():
+        cached = np.load(path, allow_pickle=False)
+        if json.loads(str(cached["config"])) == _latent_key(config):
+            return {k: cached[k] for k in cached.files}
+        log(f"{path}: made under another crop configuration, rebuilding")
+    people = data.london_people(data_root)
+    train_people, heldout = data.split_people(people, config.heldout, config.seed)
+    photos = data.collect_photos(data_root, heldout)
+    vae = load_taef2(taef2_dir)
+    rng = np.random.default_rng(config.seed)
+    latents, kinds, datasets, skipped = [], [], [], []
+    started = time.perf_counter()
+    for index, photo in enumerate(photos):
+        item = data.locate(photo, config.size)
+        if item is None:
+            skipped.append(str(photo.path))
+            continue
+        crops = [data.crop(item, config.size)]
+        crops += [data.crop(item, config.size, rng) for _ in range(config.augmentations)]
+        batch = torch.from_numpy(np.stack(crops)).permute(0, 3, 1, 2)
+        with torch.no_grad():
+            latents.append(vae.raw_encode(batch).numpy().astype(np.float16))
+        kinds.append(KINDS.index(photo.kind))
+        datasets.append(photo.dataset)
+        if index % 50 == 0:
+            log(f"encoded {index + 1}/{len(photos)} photos ({time.perf_counter() - started:.0f} s)")
+    if not latents:
+        raise InvalidInput("--data", f"{data_root}: no usable face in any photo")
+    stacked = np.stack(latents)  # [photos, 1 + augmentations, C, h, w]
+    raw = stacked.astype(np.float32)
+    arrays = {
+        "latents": stacked,
+        "kinds": np.asarray(kinds, np.int64),
+        "datasets": np.asarray(datasets),
+        "shift": np.float32(raw.mean()),
+        "scale": np.float32(1.0 / raw.std()),
+        "heldout": np.asarray(heldout),
+        "train_people": np.asarray(train_people),
+        "skipped": np.asarray(skipped),
+        "config": np.asarray(json.dumps(_latent_key(config))),
+    }
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    log(f"{len(latents)} photos encoded, {len(skipped)} without a face found, -> {path}")
+    return arrays
+
+
+def _latent_key(config: TrainConfig) -> dict:
+    return {"size": config.size, "seed": config.seed, "heldout": config.heldout,
+            "augmentations": config.augmentations}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- training
+@dataclass
+class RunState:
+    step: int = 0
+    losses: list = field(default_factory=list)  # (step, mean loss over the last interval)
+    seconds: float = 0.0  # training wall time so far (all sessions)
+
+
+class Trainer:
+    """One run: models, optimiser, EMA, data sampling; :meth:`train` resumes and checkpoints."""
+
+    def __init__(self, config: TrainConfig, run: Path, arrays: dict, taef2_dir: Path, log=print):
+        from diffusers.optimization import get_cosine_schedule_with_warmup
+        from diffusers.training_utils import EMAModel
+
+        self.config, self.run, self.log = config, Path(run), log
+        self.taef2_dir = Path(taef2_dir)
+        self._vae = None
+        self.sample_steps = 20  # denoising steps of the per-checkpoint sample grid
+        self.tokenizer = embedded_tokenizer()
+        self.unet = build_unet(config).train()
+        self.text_encoder = build_text_encoder(config).train()
+        params = list(self.unet.parameters()) + list(self.text_encoder.parameters())
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=1e-2)
+        self.lr_schedule = get_cosine_schedule_with_warmup(
+            self.optimizer, config.warmup, config.steps
+        )
+        self.ema_unet = EMAModel(self.unet.parameters(), decay=config.ema_decay)
+        self.ema_text = EMAModel(self.text_encoder.parameters(), decay=config.ema_decay)
+        self.noise = noise_scheduler()
+        self.latents = torch.from_numpy(arrays["latents"].astype(np.float32))
+        self.shift, self.scale = float(arrays["shift"]), float(arrays["scale"])
+        self.kinds = arrays["kinds"]
+        weights = np.array([data.SAMPLING_WEIGHT[d] for d in arrays["datasets"]], np.float64)
+        for dataset in set(arrays["datasets"].tolist()):
+            members = arrays["datasets"] == dataset
+            weights[members] /= members.sum()
+        self.weights = weights / weights.sum()
+        self.state = RunState()
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.rng = np.random.default_rng(config.seed)
+        self._ids: dict[str, list[int]] = {}
+
+    # -- checkpoints
+    def save(self) -> Path:
+        path = self.run / CHECKPOINT
+        tmp = path.with_suffix(".tmp")
+        torch.save(
+            {
+                "config": self.config.as_dict(),
+                "state": asdict(self.state),
+                "unet": self.unet.state_dict(),
+                "text_encoder": self.text_encoder.state_dict(),
+                "ema_unet": self.ema_unet.state_dict(),
+                "ema_text": self.ema_text.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "lr_schedule": self.lr_schedule.state_dict(),
+                "generator": self.generator.get_state(),
+                "rng": self.rng.bit_generator.state,
+            },
+            tmp,
+        )
+        os.replace(tmp, path)
+        return path
+
+    def resume(self) -> bool:
+        path = self.run / CHECKPOINT
+        if not path.is_file():
+            return False
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        check_checkpoint_config(path, saved.get("config", {}), self.config.as_dict())
+        self.unet.load_state_dict(saved["unet"])
+        self.text_encoder.load_state_dict(saved["text_encoder"])
+        self.ema_unet.load_state_dict(saved["ema_unet"])
+        self.ema_text.load_state_dict(saved["ema_text"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.lr_schedule.load_state_dict(saved["lr_schedule"])
+        self.generator.set_state(saved["generator"])
+        self.rng.bit_generator.state = saved["rng"]
+        self.state = RunState(**saved["state"])
+        return True
+
+    # -- one step
+    def _token_ids(self, texts: list[str]) -> torch.Tensor:
+        rows = []
+        for text in texts:
+            if text not in self._ids:
+                self._ids[text] = encode_chunks(self.tokenizer, text, "truncate", [])[0]
+            rows.append(self._ids[text])
+        return torch.tensor(rows, dtype=torch.long)
+
+    def _batch(self) -> tuple[torch.Tensor, list[str]]:
+        config = self.config
+        photos = self.rng.choice(len(self.weights), size=config.batch, p=self.weights)
+        versions = self.rng.integers(0, self.latents.shape[1], size=config.batch)
+        latents = (self.latents[photos, versions] - self.shift) * self.scale
+        texts = []
+        for photo in photos:
+            if self.rng.random() < config.cond_dropout:
+                texts.append("" if self.rng.random() < 0.5 else DEFAULT_NEGATIVE)
+            else:
+                texts.append(data.caption(KINDS[self.kinds[photo]], self.rng))
+        return latents, texts
+
+    def step(self) -> float:
+        from diffusers.training_utils import compute_snr
+
+        latents, texts = self._batch()
+        noise = torch.randn(latents.shape, generator=self.generator)
+        steps = self.noise.config.num_train_timesteps
+        t = torch.randint(0, steps, (len(latents),), generator=self.generator)
+        noisy = self.noise.add_noise(latents, noise, t)
+        context = self.text_encoder(self._token_ids(texts)).last_hidden_state
+        pred = self.unet(noisy, t, context).sample
+        loss = torch.nn.functional.mse_loss(pred, noise, reduction="none").mean(dim=(1, 2, 3))
+        snr = compute_snr(self.noise, t)
+        weight = torch.clamp(snr, max=self.config.snr_gamma) / snr  # min-SNR, epsilon target
+        loss = (loss * weight).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(
+            list(self.unet.parameters()) + list(self.text_encoder.parameters()), 1.0
+        )
+        self.optimizer.step()
+        self.lr_schedule.step()
+        self.ema_unet.step(self.unet.parameters())
+        self.ema_text.step(self.text_encoder.parameters())
+        return float(loss.detach())
+
+    def train(self, progress: bool = True) -> RunState:
+        from tqdm import tqdm
+
+        config = self.config
+        if self.resume():
+            self.log(f"resumed from {self.run / CHECKPOINT} at step {self.state.step}")
+        bar = tqdm(
+            total=config.steps, initial=self.state.step, disable=not progress, dynamic_ncols=True
+        )
+        window: list[float] = []
+        last = time.perf_counter()
+        while self.state.step < config.steps:
+            window.append(self.step())
+            self.state.step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(window[-50:]):.4f}")
+            done = self.state.step
+            if done % config.checkpoint_every == 0 or done == config.steps:
+                now = time.perf_counter()
+                self.state.seconds += now - last
+                last = now
+                self.state.losses.append((done, float(np.mean(window))))
+                window = []
+                self.save()
+                self.write_reports(
+                    samples=done % (2 * config.checkpoint_every) == 0 or done == config.steps
+                )
+                rate = done / max(self.state.seconds, 1e-9)
+                self.log(
+                    f"step {done}/{config.steps} loss {self.state.losses[-1][1]:.4f} "
+                    f"{self.state.seconds / 60:.1f} min, ETA "
+                    f"{(config.steps - done) / rate / 60:.1f} min"
+                )
+        bar.close()
+        return self.state
+
+    # -- reports
+    def write_reports(self, samples: bool = True) -> None:
+        plot_losses(self.state.losses, self.run / "loss.png")
+        with (self.run / "log.csv").open("w") as handle:
+            handle.write("step,loss\n")
+            handle.writelines(f"{s},{v:.6f}\n" for s, v in self.state.losses)
+        if samples:
+            folder = self.run / "samples"
+            folder.mkdir(exist_ok=True)
+            grid = self.sample_grid(steps=self.sample_steps)
+            _write_png(folder / f"step-{self.state.step:06d}.png", grid)
+
+    def ema_models(self):
+        """Copies of the UNet and text encoder holding the EMA weights, eval mode."""
+        import copy
+
+        unet, text = copy.deepcopy(self.unet).eval(), copy.deepcopy(self.text_encoder).eval()
+        self.ema_unet.copy_to(unet.parameters())
+        self.ema_text.copy_to(text.parameters())
+        return unet, text
+
+    @torch.no_grad()
+    def sample_grid(self, per_prompt: int = 4, steps: int = 20, guidance: float = 3.0):
+        """RGB uint8 grid: one row per :data:`SAMPLE_PROMPTS`, fixed seeds, EMA weights."""
+        from diffusers import DDIMScheduler
+
+        from facefuse.models.taef2 import load_taef2
+
+        unet, text = self.ema_models()
+        if self._vae is None:
+            self._vae = load_taef2(self.taef2_dir)
+        vae = self._vae
+        scheduler = DDIMScheduler.from_config(
+            {k: v for k, v in SD1_SCHEDULER.items() if not k.startswith("_")}
+        )
+        scheduler.set_timesteps(steps)
+        rows = []
+        uncond = text(self._token_ids([DEFAULT_NEGATIVE])).last_hidden_state
+        for prompt in SAMPLE_PROMPTS:
+            cond = text(self._token_ids([prompt])).last_hidden_state
+            context = torch.cat(
+                [uncond.expand(per_prompt, -1, -1), cond.expand(per_prompt, -1, -1)]
+            )
+            generator = torch.Generator().manual_seed(1234)
+            shape = (per_prompt, unet.config.in_channels, self.config.latent_size,
+                     self.config.latent_size)  # fmt: skip
+            x = torch.randn(shape, generator=generator)
+            for t in scheduler.timesteps:
+                eps = unet(torch.cat([x, x]), t, context).sample
+                e_u, e_c = eps.chunk(2)
+                x = scheduler.step(e_u + guidance * (e_c - e_u), t, x).prev_sample
+            images = vae.raw_decode(x / self.scale + self.shift)
+            rows.append(torch.cat(list(images), dim=2))
+        grid = torch.cat(rows, dim=1).permute(1, 2, 0).numpy()
+        return (grid * 255).round().astype(np.uint8)
+
+
+def check_checkpoint_config(path: Path, saved: dict, current: dict) -> None:
+    """Raise ModelLoadError naming the fields where a checkpoint's config differs."""
+    differ = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    if differ:
+        details = ", ".join(f"{k}: {saved.get(k)!r} vs {current.get(k)!r}" for k in differ)
+        raise ModelLoadError(
+            f"{path}: checkpoint of another configuration ({details}); "
+            "use another --run folder or the same options"
+        )
+
+
+def plot_losses(losses: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if losses:
+        steps, values = zip(*losses)
+        ax.plot(steps, values, marker=".")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (min-SNR weighted, mean per interval)")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _write_png(path: Path, rgb: np.ndarray) -> None:
+    import cv2
+
+    cv2.imwrite(str(path), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
