@@ -51,7 +51,12 @@ def register(subparsers) -> None:
         "--pairs", type=int, default=None, help="use N pairs drawn with --seed (default all)"
     )
     parser.add_argument("--seed", type=int, default=0, help="request seed and pair draw")
-    parser.add_argument("--out", type=Path, default=Path("reports/fusion-eval"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("reports/fusion-eval"),
+        help="folder for report.json, contact_sheet.png and the server log",
+    )
     parser.add_argument("--strength", type=float, default=None, help="0.05..1 (server default)")
     parser.add_argument("--steps", type=int, default=None, help="1..100 (server default)")
     parser.add_argument("--guidance", type=float, default=None, help="1..30 (server default)")

@@ -280,6 +280,10 @@ def test_evaluate_with_a_server_that_answers_b_unchanged(meter, photos, tmp_path
         (["--sources", "{photos}", "--targets", "{photos}", "--ids", "astronaut,x"], "--ids"),
         (["--sources", "{photos}", "--targets", "{photos}", "--ids", "astronaut"], "--ids"),
         (["--sources", "{photos}", "--targets", "{photos}", "--steps", "0"], "--steps"),
+        (
+            ["--sources", "{photos}", "--targets", "{photos}", "--ids-file", "{missing}"],
+            "--ids-file",
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_the_field(args, field, photos, tmp_path, capsys):
