@@ -552,8 +552,9 @@ def evaluate(
             )
             n, s = record["neutral"], record["smile"]
             sheet_labels.append(
-                f"{a_id}->{b_id} dA n{n['distance_a']:.2f} s{s['distance_a']:.2f} "
-                f"expr {s['expression'] / n['expression']:.2f}"
+                f"{a_id} -> {b_id}   d(A): paste {record['paste_only']['distance_a']:.2f}, "
+                f"neutral {n['distance_a']:.2f}, smile {s['distance_a']:.2f}   "
+                f"mouth smile/neutral {s['expression'] / n['expression']:.2f}"
             )
         log(_pair_line(number, len(chosen_pairs), record))
 

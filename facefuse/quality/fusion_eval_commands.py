@@ -123,7 +123,7 @@ def _print_summary(report: dict) -> None:
 
     table = Table(title=f"fusion-eval: {s['evaluated']} of {s['pairs']} pairs evaluated")
     for name in ("", "face found", "nearer A", "med d(A)", "med d(B)", "PSNR out min", "med"):
-        table.add_column(name, justify="right" if name else "left")
+        table.add_column(name, justify="right" if name else "left", no_wrap=not name)
     for variant in ("paste_only", "neutral", "smile"):
         v = s[variant]
         table.add_row(
