@@ -55,6 +55,10 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
+    from facefuse.quality import fusion_eval_commands
+
+    fusion_eval_commands.register(subparsers)  # fusion-eval
+
 
 def run(args: argparse.Namespace) -> int:
     from facefuse.errors import InvalidInput
