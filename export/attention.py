@@ -140,10 +140,11 @@ def fusion_error(
     outputs = []
     for path in (source, fused):
         session = open_session(path)
+        channels = session.get_inputs()[0].shape[1]  # 4 for SD 1.x, 32 for TAEF2 latents
         hidden = session.get_inputs()[2].shape[2]
         rng = np.random.default_rng(seed)
         feeds = {
-            "sample": rng.standard_normal((2, 4, latent, latent)).astype(np.float32),
+            "sample": rng.standard_normal((2, channels, latent, latent)).astype(np.float32),
             "timestep": np.array([500.0, 20.0], dtype=np.float32),
             "encoder_hidden_states": rng.standard_normal((2, 77, hidden)).astype(np.float32),
         }

@@ -100,16 +100,18 @@ class InputProfile:
             raise ValueError(f"{self.name}: batch must start at 1 or more")
 
 
-def unet_profile(max_batch: int, latent: int, text_dim: int) -> list[InputProfile]:
+def unet_profile(
+    max_batch: int, latent: int, text_dim: int, channels: int = 4
+) -> list[InputProfile]:
     """Batch 1..max_batch (opt: 2, one CFG step), fixed latent side, 1..3 prompt chunks."""
     opt = min(2, max_batch)
     seq = 77 * MAX_TEXT_CHUNKS
     return [
         InputProfile(
             "sample",
-            (1, 4, latent, latent),
-            (opt, 4, latent, latent),
-            (max_batch, 4, latent, latent),
+            (1, channels, latent, latent),
+            (opt, channels, latent, latent),
+            (max_batch, channels, latent, latent),
         ),
         InputProfile("timestep", (1,), (opt,), (max_batch,)),
         InputProfile(
@@ -129,12 +131,9 @@ def vae_encoder_profile(max_batch: int, image: int) -> list[InputProfile]:
     ]
 
 
-def vae_decoder_profile(max_batch: int, latent: int) -> list[InputProfile]:
-    return [
-        InputProfile(
-            "latent", (1, 4, latent, latent), (1, 4, latent, latent), (max_batch, 4, latent, latent)
-        )
-    ]
+def vae_decoder_profile(max_batch: int, latent: int, channels: int = 4) -> list[InputProfile]:
+    one, most = (1, channels, latent, latent), (max_batch, channels, latent, latent)
+    return [InputProfile("latent", one, one, most)]
 
 
 # ----------------------------------------------------------------------------- host and metadata
@@ -351,7 +350,12 @@ def export_gpu_variant(
             GpuExportResult(model, conversion.path, "fp16-onnx", f"{conversion.bytes / 1e6:.1f} MB")
         )
     if engines:
-        profiles = unet_profile(max_batch.get("unet", 16), manifest.latent_size, manifest.text_dim)
+        profiles = unet_profile(
+            max_batch.get("unet", 16),
+            manifest.latent_size,
+            manifest.text_dim,
+            manifest.latent_channels,
+        )
         plan = build_engine(
             root / "unet" / "1" / "model.onnx", root / "unet" / "1" / PLAN_FILE, profiles
         )

@@ -36,6 +36,7 @@ class PipelineTritonModel:
             "scheduler": params.get("scheduler", DEFAULT_SCHEDULER),
             "adaptive_steps": params.get("adaptive_steps", "false").lower() == "true",
             "cfg_truncation": float(params.get("cfg_truncation", "0")),
+            "upper_face_strength": float(params.get("upper_face_strength", "1")),
         }
         # variants: `precision` = what the base models serve; a `candidate_share` of requests
         # runs `candidate_variant` (A/B); low GPU memory / OOM switches to the fp32 models

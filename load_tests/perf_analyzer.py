@@ -93,6 +93,7 @@ def input_data(model: str, manifest: dict) -> dict:
         manifest["image_size"] // manifest["vae_scale_factor"],
         manifest["text_dim"],
     )
+    channels = manifest.get("latent_channels", 4)
     instruction = _bytes(b"make her smile, keep the glasses, soft studio light")
     rows = {
         "facefusion": {
@@ -112,12 +113,12 @@ def input_data(model: str, manifest: dict) -> dict:
         },
         "vae_encoder": {"image": _floats(rng.uniform(-1, 1, (3, size, size)).astype(np.float32))},
         "unet": {
-            "sample": _floats(rng.standard_normal((4, latent, latent)).astype(np.float32)),
+            "sample": _floats(rng.standard_normal((channels, latent, latent)).astype(np.float32)),
             "timestep": {"content": [500.0], "shape": [1]},
             "encoder_hidden_states": _floats(rng.standard_normal((77, dim)).astype(np.float32)),
         },
         "vae_decoder": {
-            "latent": _floats(rng.standard_normal((4, latent, latent)).astype(np.float32))
+            "latent": _floats(rng.standard_normal((channels, latent, latent)).astype(np.float32))
         },
     }
     return {"data": [rows[model]]}

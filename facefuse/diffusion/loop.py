@@ -61,6 +61,9 @@ class LoopRequest:
     strength: float = 1.0
     init_latents: np.ndarray | None = None  # None: txt2img from pure noise
     latent_mask: np.ndarray | None = None  # [1, h, w] in [0, 1]; 1 = regenerate
+    # [1, h, w] in [0, 1]: each latent's share of ``strength`` (differential-diffusion style:
+    # a latent with share s is held to the noised input until the last s of the run); None: 1
+    strength_map: np.ndarray | None = None
     latent_shape: tuple[int, int, int] = (4, 64, 64)
     cfg_truncation: float = 0.0  # skip the unconditional half for this last fraction of steps
     # checked before every step; True stops the loop with DenoiseCancelled (in Triton:
@@ -104,6 +107,9 @@ def denoise(unet: UnetFn, scheduler, request: LoopRequest) -> LoopResult:
     mask = (
         None if r.latent_mask is None else torch.from_numpy(r.latent_mask[None].astype(np.float32))
     )
+    share = None
+    if r.strength_map is not None and mask is not None:
+        share = torch.from_numpy(r.strength_map[None].astype(np.float32))
     context_both = np.stack([r.cond, r.uncond]).astype(np.float32)
     context_cond = context_both[:1]
     guided_steps = len(timesteps) - int(len(timesteps) * r.cfg_truncation)
@@ -129,6 +135,10 @@ def denoise(unet: UnetFn, scheduler, request: LoopRequest) -> LoopResult:
                 proper = scheduler.add_noise(known, noise, timesteps[i + 1 : i + 2])
             else:
                 proper = known
-            latents = (1 - mask) * proper + mask * latents
+            step_mask = mask
+            if share is not None:  # released once the run's remaining fraction <= its share
+                remaining = 1.0 - (i + 1) / len(timesteps)
+                step_mask = mask * (share > remaining).to(mask.dtype)
+            latents = (1 - step_mask) * proper + step_mask * latents
     out = latents[0].numpy().astype(np.float32)
     return LoopResult(latents=out, steps_run=len(timesteps), unet_calls=calls, unet_rows=rows)

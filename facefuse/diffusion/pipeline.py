@@ -100,12 +100,19 @@ class Pipeline:
         adaptive_steps: bool = False,
         cfg_truncation: float = 0.0,
         variant: str = "fp32",
+        upper_face_strength: float = 1.0,
     ):
         """``adaptive_steps``: fusion requests that give no STEPS (``fuse(..., auto_steps=
         True)``) get 15..30 steps from the face's complexity (:mod:`.adaptive`).
-        ``cfg_truncation``: skip the unconditional half for this last fraction of steps."""
+        ``cfg_truncation``: skip the unconditional half for this last fraction of steps.
+        ``upper_face_strength``: the share of STRENGTH the eyes and brows get (1: the whole
+        face alike); the mouth and chin always get all of it
+        (:func:`~facefuse.face.mask.upper_face_weight`)."""
         if not 0.0 <= cfg_truncation <= 1.0:
             raise ValueError(f"cfg_truncation must be in [0, 1], got {cfg_truncation}")
+        if not 0.0 <= upper_face_strength <= 1.0:
+            raise ValueError(f"upper_face_strength must be in [0, 1], got {upper_face_strength}")
+        self.upper_face_strength = upper_face_strength
         self.stages = stages
         self.manifest = manifest
         self.scheduler_name = scheduler
@@ -157,6 +164,12 @@ class Pipeline:
             params = replace(params, steps=adaptive.steps)
         cond, uncond, info = self._encode_prompt(timer, instruction)
         init = timer.run("vae_encoder", self.stages.encode_image, to_nchw(composite))
+        strength_map = None
+        if self.upper_face_strength < 1.0:
+            from facefuse.face.mask import upper_face_weight
+
+            weight = upper_face_weight(mask, self.upper_face_strength)
+            strength_map = latent_mask(weight, self.manifest.latent_size)
         request = LoopRequest(
             cond=cond,
             uncond=uncond,
@@ -166,6 +179,7 @@ class Pipeline:
             strength=params.strength,
             init_latents=init[0],
             latent_mask=latent_mask(mask, self.manifest.latent_size),
+            strength_map=strength_map,
             cfg_truncation=self.cfg_truncation,
             should_stop=should_stop,
         )
@@ -232,6 +246,7 @@ class Pipeline:
             "seed": params.seed,
             "unet_calls": result.unet_calls,
             "cfg_truncation": self.cfg_truncation,
+            "upper_face_strength": self.upper_face_strength,
             "variant": self.variant,
             "model_id": self.manifest.model_id,
         }

@@ -42,3 +42,35 @@ def feathered_ellipse(ellipse: Ellipse, shape: tuple[int, int]) -> np.ndarray:
     soft[soft < _SNAP] = 0.0
     soft[soft > 1.0 - _SNAP] = 1.0
     return soft.astype(np.float32)
+
+
+def upper_face_weight(mask: np.ndarray, hold: float, band: float = 0.25) -> np.ndarray:
+    """Per-pixel share of the run's strength: ``hold`` over the upper face, 1 over the lower.
+
+    The face's axes are read from the mask itself (centroid and principal axes of its
+    moments: the longer axis runs brow to chin, taken pointing down the image), so the map
+    follows tilted faces. The split is the line through the ellipse centre across the face,
+    which runs between the nose and the mouth (the eyes lie 0.55 eye distances above the
+    centre, the mouth about 0.45 below); ``band`` (in semi-axis units) smooths the step.
+    Returns float32 of the mask's shape in [hold, 1]; all ones when ``hold >= 1`` or the mask is
+    empty.
+    """
+    weight = np.ones(mask.shape, dtype=np.float32)
+    if hold >= 1.0:
+        return weight
+    if not 0.0 <= hold < 1.0:
+        raise ValueError(f"upper_face_weight: hold must be in [0, 1], got {hold}")
+    m = cv2.moments(np.asarray(mask, np.float32))
+    if m["m00"] <= 1e-6:
+        return weight
+    cx, cy = m["m10"] / m["m00"], m["m01"] / m["m00"]
+    cov = np.array([[m["mu20"], m["mu11"]], [m["mu11"], m["mu02"]]]) / m["m00"]
+    values, vectors = np.linalg.eigh(cov)
+    down = vectors[:, int(np.argmax(values))]
+    if down[1] < 0:
+        down = -down
+    semi = 2.0 * np.sqrt(max(values.max(), 1e-6))  # a filled ellipse's variance is axis^2 / 4
+    ys, xs = np.mgrid[0 : mask.shape[0], 0 : mask.shape[1]].astype(np.float32)
+    v = ((xs - cx) * down[0] + (ys - cy) * down[1]) / semi
+    ramp = np.clip(v / band + 0.5, 0.0, 1.0)  # 0 above the band, 1 below it
+    return (hold + (1.0 - hold) * ramp).astype(np.float32)

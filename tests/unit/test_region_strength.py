@@ -1,0 +1,78 @@
+"""Per-region strength: the upper face held to a share of STRENGTH, the mouth free."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from facefuse.diffusion.loop import LoopRequest, denoise, make_scheduler
+from facefuse.face.geometry import face_ellipse
+from facefuse.face.mask import feathered_ellipse, upper_face_weight
+from facefuse.models.tiny import SD1_SCHEDULER
+
+
+def _face(angle_deg: float, size: int = 128):
+    """A face of eye distance 30 px at the crop centre, turned by ``angle_deg``."""
+    a = math.radians(angle_deg)
+    along, down = np.array([math.cos(a), math.sin(a)]), np.array([-math.sin(a), math.cos(a)])
+    mid = np.array([size / 2, size / 2 - 10])
+    left, right = mid - 15 * along, mid + 15 * along
+    mouth = mid + 30 * down  # about one eye distance below the eyes
+    ellipse = face_ellipse(tuple(left), tuple(right))
+    return feathered_ellipse(ellipse, (size, size)), (left + right) / 2, mouth
+
+
+@pytest.mark.parametrize("angle", [0.0, 25.0, -30.0])
+def test_eyes_are_held_and_the_mouth_is_free_also_on_tilted_faces(angle):
+    mask, eyes, mouth = _face(angle)
+    weight = upper_face_weight(mask, hold=0.3)
+    assert weight.shape == mask.shape and weight.min() >= 0.3 and weight.max() <= 1.0
+    assert weight[round(eyes[1]), round(eyes[0])] == pytest.approx(0.3, abs=1e-6)
+    assert weight[round(mouth[1]), round(mouth[0])] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_hold_one_or_an_empty_mask_is_all_ones_and_bad_hold_is_refused():
+    mask, _, _ = _face(0.0)
+    assert np.all(upper_face_weight(mask, 1.0) == 1.0)
+    assert np.all(upper_face_weight(np.zeros_like(mask), 0.2) == 1.0)
+    with pytest.raises(ValueError, match="hold"):
+        upper_face_weight(mask, -0.1)
+
+
+def _run(strength_map, steps=8):
+    rng = np.random.default_rng(0)
+    known = rng.standard_normal((4, 8, 8)).astype(np.float32)
+    request = LoopRequest(
+        cond=np.zeros((77, 8), np.float32),
+        uncond=np.zeros((77, 8), np.float32),
+        steps=steps,
+        guidance=1.0,
+        seed=0,
+        strength=1.0,
+        init_latents=known,
+        latent_mask=np.ones((1, 8, 8), np.float32),
+        strength_map=strength_map,
+    )
+    # a UNet that predicts a constant: every released latent drifts away from the input
+    result = denoise(
+        lambda s, t, c: np.full_like(s, 0.5), make_scheduler("ddim", SD1_SCHEDULER), request
+    )
+    return known, result.latents
+
+
+def test_a_share_of_zero_keeps_the_input_and_one_changes_nothing():
+    known, free = _run(None)
+    _, same = _run(np.ones((1, 8, 8), np.float32))
+    np.testing.assert_array_equal(free, same)
+    share = np.ones((1, 8, 8), np.float32)
+    share[:, :4] = 0.0  # the top half held for the whole run
+    _, held = _run(share)
+    np.testing.assert_allclose(held[:, :4], known[:, :4], atol=1e-5)
+    np.testing.assert_array_equal(held[:, 4:] != known[:, 4:], True)
+    share[:, :4] = 0.5  # released for the last half: moves less than the free half
+    _, half = _run(share)
+    moved_half = np.abs(half[:, :4] - known[:, :4]).mean()
+    moved_free = np.abs(free[:, :4] - known[:, :4]).mean()
+    assert 0 < moved_half < moved_free
