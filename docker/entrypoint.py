@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ADMIN_HEADER = "facefuse-admin-key"
-# APIs that need the admin key. model-repository and shared-memory as in facefuse.server;
+# APIs that need the admin key. model-repository and shared-memory as in facefuse.serving.server;
 # trace and logging too, because their update calls change files and verbosity on the server.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 MIN_KEY_CHARS = 16

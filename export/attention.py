@@ -135,7 +135,7 @@ def fusion_error(
 ) -> tuple[float, float]:
     """(max abs difference, max abs output) of ``fused`` against ``source`` on one random
     UNet call of batch 2 at a ``latent`` x ``latent`` latent."""
-    from facefuse.runtime import open_session
+    from facefuse.runtime.sessions import open_session
 
     outputs = []
     for path in (source, fused):

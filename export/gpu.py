@@ -28,7 +28,7 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from facefuse.errors import ModelLoadError
+from facefuse.core.errors import ModelLoadError
 
 log = logging.getLogger("facefuse.export.gpu")
 
@@ -336,7 +336,7 @@ def export_gpu_variant(
     engines: bool = True,
 ) -> list[GpuExportResult]:
     """FP16 ONNX for every FP16 model and, when ``engines``, a TensorRT engine for the UNet."""
-    from facefuse.variants import VARIANT_MODELS, onnx_file
+    from facefuse.runtime.variants import VARIANT_MODELS, onnx_file
 
     if precision == "fp32":
         return []

@@ -199,7 +199,7 @@ def export_cpu_variant(
     repository: str | Path, precision: str, op_types: Sequence[str] = DEFAULT_OP_TYPES
 ) -> list[ConversionResult]:
     """Write ``precision``'s files beside ``model.onnx`` for the models that variant touches."""
-    from facefuse.variants import VARIANT_MODELS, onnx_file
+    from facefuse.runtime.variants import VARIANT_MODELS, onnx_file
 
     if precision == "fp32":
         return []

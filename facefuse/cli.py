@@ -11,12 +11,12 @@ import argparse
 import importlib
 import sys
 
-from facefuse.errors import FacefuseError
+from facefuse.core.errors import FacefuseError
 
 COMMAND_MODULES = (
     "facefuse.export.commands",  # export
-    "facefuse.server_commands",  # serve
-    "facefuse.demo",  # demo
+    "facefuse.serving.commands",  # serve
+    "facefuse.serving.demo",  # demo
     "facefuse.client.commands",  # fuse, txt2img
     "facefuse.prompt.commands",  # prompt, prompt-eval
     "facefuse.bench",  # bench ...

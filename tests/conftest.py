@@ -33,6 +33,6 @@ def tiny_repository(tmp_path_factory, tiny_components) -> Path:
 
 @pytest.fixture(scope="session")
 def sample_images() -> tuple[bytes, bytes]:
-    from facefuse.samples import sample_pair
+    from facefuse.core.samples import sample_pair
 
     return sample_pair()

@@ -17,8 +17,8 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from facefuse.errors import FacefuseError, InvalidInput
-from facefuse.limits import DEFAULT_LIMITS, Limits
+from facefuse.core.errors import FacefuseError, InvalidInput
+from facefuse.core.limits import DEFAULT_LIMITS, Limits
 
 # Magic numbers of formats people often send, to name them in the refusal.
 _KNOWN_MAGIC = (

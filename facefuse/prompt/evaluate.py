@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from facefuse.errors import InvalidInput
+from facefuse.core.errors import InvalidInput
 from facefuse.prompt.compress import _BP_CLASS, _BP_RE, _SITE_CANON, _SITE_RE, normalize, split_tags
 from facefuse.prompt.lexicon import FUNCTION_WORDS, META_WORDS, NEGATIONS, TAG_ONLY
 from facefuse.prompt.tokenizer import MAX_LENGTH, count_tokens

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from facefuse.variants import PRECISIONS
+from facefuse.runtime.variants import PRECISIONS
 
 
 def register(subparsers) -> None:
@@ -57,7 +57,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from facefuse.errors import InvalidInput
+    from facefuse.core.errors import InvalidInput
     from facefuse.quality.gate import fixed_cases, run_gate
 
     if not 1 <= args.steps <= 100:

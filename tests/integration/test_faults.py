@@ -36,8 +36,8 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from facefuse.metrics import sample_total, scrape
-from facefuse.server import (
+from facefuse.core.metrics import sample_total, scrape
+from facefuse.serving.server import (
     ADMIN_HEADER,
     GRPC_ADMIN_HEADER,
     LocalTritonServer,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from facefuse.client import Client
 
-from facefuse import metrics
+from facefuse.core import metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 import deploy_helpers

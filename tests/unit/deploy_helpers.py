@@ -24,7 +24,7 @@ from types import ModuleType
 
 import yaml
 
-from facefuse.metrics import CUSTOM_METRICS, TRITON_METRICS
+from facefuse.core.metrics import CUSTOM_METRICS, TRITON_METRICS
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"

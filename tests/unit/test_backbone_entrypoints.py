@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from facefuse.errors import InvalidInput
-from facefuse.limits import check_instruction, check_params
+from facefuse.core.errors import InvalidInput
+from facefuse.core.limits import check_instruction, check_params
 
 
 @pytest.mark.parametrize(
@@ -130,7 +130,7 @@ def test_cli_error_is_one_line_and_nonzero(tmp_path):
 
 
 def test_server_config_restricts_admin_apis_and_stays_on_loopback(tmp_path):
-    from facefuse.server import LocalTritonServer, ServerConfig, ServerError, TritonPaths
+    from facefuse.serving.server import LocalTritonServer, ServerConfig, ServerError, TritonPaths
 
     config = ServerConfig(repository=tmp_path)
     assert config.host == "127.0.0.1" and 0 < config.http_port < 65536 and config.admin_key

@@ -44,7 +44,7 @@ def test_real_clip_tokenizer_ids():
 
 
 def test_loading_refuses_a_folder_that_is_not_sd(tmp_path):
-    from facefuse.errors import ModelLoadError
+    from facefuse.core.errors import ModelLoadError
     from facefuse.models.loading import resolve_model
 
     with pytest.raises(ModelLoadError, match="unet"):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from facefuse.diffusion.loop import LoopRequest, denoise, make_scheduler
-from facefuse.runtime import SessionOptions, open_session, ort_session_options, run_batched
+from facefuse.runtime.sessions import SessionOptions, open_session, ort_session_options, run_batched
 
 
 def test_run_batched_groups_by_shape_and_splits_in_order():
@@ -55,7 +55,7 @@ def test_batched_unet_forward_equals_one_by_one(tiny_repository):
 
 
 def test_open_session_names_the_missing_or_corrupt_file(tmp_path):
-    from facefuse.errors import ModelLoadError
+    from facefuse.core.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match=r"model\.onnx"):
         open_session(tmp_path / "model.onnx")
@@ -152,7 +152,7 @@ def test_in_process_pipeline_fuses_deterministically(tiny_repository, sample_ima
 
 
 def test_sample_total_sums_matching_series_only():
-    from facefuse.metrics import sample_total
+    from facefuse.core.metrics import sample_total
 
     text = (
         "# TYPE nv_inference_count counter\n"

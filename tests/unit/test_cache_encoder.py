@@ -12,9 +12,9 @@ import threading
 import numpy as np
 import pytest
 
-from facefuse import metrics as names
 from facefuse.cache import CacheConfig, CachedTextEncoder, InMemoryMetrics, pooled_index
-from facefuse.errors import InvalidInput, ModelLoadError
+from facefuse.core import metrics as names
+from facefuse.core.errors import InvalidInput, ModelLoadError
 
 torch = pytest.importorskip("torch")
 kv_export = pytest.importorskip("facefuse.export.text_encoder_kv")

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from facefuse import metrics as names
 from facefuse.cache.encoder import CacheConfig
 from facefuse.cache.health import (
     CACHE_METRICS,
@@ -15,6 +14,7 @@ from facefuse.cache.health import (
     PrefixFrequency,
     TritonMetricsSink,
 )
+from facefuse.core import metrics as names
 
 
 def test_hit_rate_window_slides():

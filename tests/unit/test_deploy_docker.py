@@ -15,7 +15,7 @@ import pytest
 import tomllib
 import yaml
 
-from facefuse import server
+from facefuse.serving import server
 from tests.unit.deploy_helpers import DEPLOY_DOC, DOCKER, K8S, REPO, load_docker_module
 
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"

@@ -1,5 +1,5 @@
 """Dashboard, alert rules and the autoscaling rule: they parse as PromQL and query only
-metrics the server exports (facefuse/metrics.py and Triton's standard set)."""
+metrics the server exports (facefuse/core/metrics.py and Triton's standard set)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from facefuse import metrics
+from facefuse.core import metrics
 from tests.unit.deploy_helpers import (
     ADAPTER_VALUES,
     ALERTS,

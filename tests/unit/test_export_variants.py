@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from facefuse.export.variants import copy_repository_sources, get_parameter, naive_repository
+from facefuse.export.configs import get_parameter, parse
+from facefuse.export.variants import copy_repository_sources, naive_repository
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -52,17 +53,17 @@ def test_fresh_copy_has_no_artefacts_and_naive_copy_drops_batching(tmp_path):
 def test_naive_copy_is_baseline_b_fp32_ddim_no_compression_no_cache(tmp_path):
     """From the shipped configs: the served default is INT8; baseline B must run fp32."""
     source = copy_repository_sources(REPOSITORY, tmp_path / "src")
-    unet = (source / "unet" / "config.pbtxt").read_text()
+    unet = parse((source / "unet" / "config.pbtxt").read_text())
     assert get_parameter(unet, "onnx_file") == "model.int8.onnx"
     naive = naive_repository(source, tmp_path / "naive")
 
     def config(model):
-        return (naive / model / "config.pbtxt").read_text()
+        return parse((naive / model / "config.pbtxt").read_text())
 
     assert get_parameter(config("unet"), "onnx_file") == "model.onnx"
     assert get_parameter(unet, "parallel_runs") == "2"  # facefuse's slices; B runs one forward
     assert get_parameter(config("unet"), "parallel_runs") == "1"
-    assert "dynamic_batching" not in config("unet")
+    assert not config("unet").HasField("dynamic_batching")
     assert get_parameter(config("facefusion"), "scheduler") == "ddim"
     assert get_parameter(config("prompt_optimizer"), "compress") == "false"
     assert get_parameter(config("text_encoder"), "cache_budget_bytes") == "0"

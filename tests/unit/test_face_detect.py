@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from facefuse.errors import NoFaceFound
+from facefuse.core.errors import NoFaceFound
 from facefuse.face import geometry, models
 from facefuse.face.detect import Face, default_stages, detect_face, find_face, find_face_traced
 from facefuse.face.imageio import PixelError

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from skimage import data
 
-from facefuse.errors import InvalidInput
+from facefuse.core.errors import InvalidInput
 from facefuse.face import commands
 from facefuse.face.evaluate import evaluate_folder, format_report
 from facefuse.face.imageio import encode_png

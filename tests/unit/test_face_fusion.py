@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from facefuse.errors import NoFaceFound
+from facefuse.core.errors import NoFaceFound
 from facefuse.face import geometry
 from facefuse.face.color import match_color
 from facefuse.face.detect import detect_face

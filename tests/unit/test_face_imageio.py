@@ -9,9 +9,9 @@ import pytest
 from PIL import Image
 from skimage import data
 
-from facefuse.errors import InvalidInput
+from facefuse.core.errors import InvalidInput
+from facefuse.core.limits import Limits
 from facefuse.face.imageio import PixelError, decode_image, encode_png
-from facefuse.limits import Limits
 
 FIELD = "SOURCE_IMAGE"
 

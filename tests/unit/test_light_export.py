@@ -25,7 +25,7 @@ def _op_types(path):
 
 
 def _run(path, feeds):
-    from facefuse.runtime import open_session
+    from facefuse.runtime.sessions import open_session
 
     return open_session(path).run(None, feeds)[0]
 
@@ -160,7 +160,7 @@ def test_fp16_graph_has_half_weights_and_fp32_interface(tiny_repository, tmp_pat
 
 
 def test_variant_names_and_files():
-    from facefuse.variants import onnx_file, variant_files, variant_model_names
+    from facefuse.runtime.variants import onnx_file, variant_files, variant_model_names
 
     assert onnx_file("fp32") == "model.onnx" and onnx_file("int8") == "model.int8.onnx"
     assert variant_files("int8") == {
@@ -181,7 +181,7 @@ def test_variant_model_folders_point_at_the_variant_file(tiny_repository, tmp_pa
     from facefuse.export.quantize import export_cpu_variant
     from facefuse.export.repository import write_variant_models
 
-    from facefuse.runtime import open_session
+    from facefuse.runtime.sessions import open_session
 
     repo = shutil.copytree(tiny_repository, tmp_path / "repo", symlinks=True)
     if not (repo / "unet" / "1" / "model.int8.onnx").exists():

@@ -8,7 +8,7 @@ import json
 import pytest
 from facefuse.export import gpu
 
-from facefuse.errors import ModelLoadError
+from facefuse.core.errors import ModelLoadError
 
 BUILT = gpu.EngineTarget("10.3.0", "NVIDIA L4", "8.9")
 
@@ -83,7 +83,7 @@ def test_gpu_variant_writes_fp16_graphs_without_engines(tiny_repository, tmp_pat
     import numpy as np
 
     from facefuse.diffusion.manifest import PipelineManifest
-    from facefuse.runtime import open_session
+    from facefuse.runtime.sessions import open_session
 
     repo = shutil.copytree(tiny_repository, tmp_path / "repo", symlinks=True)
     manifest = PipelineManifest.load(repo / "facefusion" / "1" / "pipeline.json")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from facefuse.errors import ModelLoadError
-from facefuse.memory import (
+from facefuse.core.errors import ModelLoadError
+from facefuse.runtime.memory import (
     ACTIVATION_ALLOWANCE,
     MIB,
     WEIGHT_FACTOR,

@@ -7,8 +7,8 @@ from typing import ClassVar
 
 import pytest
 
-from facefuse.memory import MIB, MemoryReading
-from facefuse.variants import ABRouter, VariantRoutes
+from facefuse.runtime.memory import MIB, MemoryReading
+from facefuse.runtime.variants import ABRouter, VariantRoutes
 
 
 def test_ab_router_sends_exactly_the_configured_share():
@@ -61,9 +61,9 @@ class _Counter:
 @pytest.fixture
 def pipeline_model(monkeypatch, tmp_path):
     """A PipelineTritonModel whose stages record which Triton models they would call."""
-    from facefuse import triton_pipeline
     from facefuse.diffusion.manifest import PipelineManifest
     from facefuse.models.tiny import SD1_SCHEDULER
+    from facefuse.serving import triton_pipeline
 
     (tmp_path / "1").mkdir()
     PipelineManifest("m", 256, 8, 64, 0, SD1_SCHEDULER).save(tmp_path / "1" / "pipeline.json")
@@ -106,7 +106,7 @@ def _counts(name):
 
 
 def test_a_share_of_requests_runs_the_candidate_and_both_are_counted(pipeline_model):
-    from facefuse import metrics
+    from facefuse.core import metrics
 
     model = pipeline_model(precision="fp32", candidate_variant="int8", candidate_share="0.25")
     responses = model.execute(list(range(8)))
@@ -119,7 +119,7 @@ def test_a_share_of_requests_runs_the_candidate_and_both_are_counted(pipeline_mo
 
 
 def test_oom_at_run_time_switches_to_fp32_and_retries(pipeline_model):
-    from facefuse import metrics
+    from facefuse.core import metrics
 
     model = pipeline_model(precision="fp16", fallback_margin_mb="2048")  # no reading: kept
     assert model.variant == "fp16"
@@ -133,7 +133,7 @@ def test_oom_at_run_time_switches_to_fp32_and_retries(pipeline_model):
 
 
 def test_low_gpu_memory_at_load_starts_on_fp32(pipeline_model):
-    from facefuse import metrics
+    from facefuse.core import metrics
 
     model = pipeline_model(
         MemoryReading(900 * MIB, "NVML"), precision="fp16", fallback_margin_mb="2048"

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from facefuse.runtime import PartsRunner
+from facefuse.runtime.sessions import PartsRunner
 
 
 def _forward_recording(seen: list):
@@ -60,7 +60,7 @@ def test_parts_must_be_positive():
 
 
 def test_threads_per_part_shares_the_cores_unless_set():
-    from facefuse.runtime import threads_per_part
+    from facefuse.runtime.sessions import threads_per_part
 
     assert threads_per_part(0, 2, cores=2) == 1
     assert threads_per_part(0, 2, cores=16) == 8
@@ -72,8 +72,8 @@ def test_threads_per_part_shares_the_cores_unless_set():
 
 @pytest.mark.parametrize("raw", ["0", "-2", "two", ""])
 def test_parallel_runs_parameter_refused_with_its_name(raw):
-    from facefuse.errors import ModelLoadError
-    from facefuse.triton_onnx import int_parameter
+    from facefuse.core.errors import ModelLoadError
+    from facefuse.serving.triton_onnx import int_parameter
 
     with pytest.raises(
         ModelLoadError, match=r"unet: parameter parallel_runs must be an integer >= 1"
@@ -82,7 +82,7 @@ def test_parallel_runs_parameter_refused_with_its_name(raw):
 
 
 def test_int_parameter_default_and_value():
-    from facefuse.triton_onnx import int_parameter
+    from facefuse.serving.triton_onnx import int_parameter
 
     assert int_parameter({}, "parallel_runs", 1, 1, "unet") == 1
     assert int_parameter({"intra_op_threads": "0"}, "intra_op_threads", 0, 0, "unet") == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from facefuse.cli import main
-from facefuse.errors import InvalidInput
+from facefuse.core.errors import InvalidInput
 from facefuse.prompt import commands
 from facefuse.prompt.compress import compress, normalize
 from facefuse.prompt.evaluate import content_words, evaluate, load_prompts, retention

@@ -134,7 +134,10 @@ def _names_called(function: ast.AST) -> set[str]:
 @pytest.mark.parametrize(
     "path",
     sorted((ROOT / "model_repository").glob("*/1/model.py"))
-    + [ROOT / "facefuse" / n for n in ("triton_io.py", "triton_onnx.py", "triton_pipeline.py")],
+    + [
+        ROOT / "facefuse" / "serving" / n
+        for n in ("triton_io.py", "triton_onnx.py", "triton_pipeline.py", "triton_stages.py")
+    ],
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_request_handlers_never_touch_files(path):
@@ -155,8 +158,8 @@ def test_request_handlers_never_touch_files(path):
 def test_serve_defaults_are_loopback_and_restricted(tmp_path):
     import argparse
 
-    from facefuse import server_commands
-    from facefuse.server import ADMIN_HEADER, LocalTritonServer, ServerConfig, TritonPaths
+    from facefuse.serving import commands as server_commands
+    from facefuse.serving.server import ADMIN_HEADER, LocalTritonServer, ServerConfig, TritonPaths
 
     parser = argparse.ArgumentParser()
     server_commands.register(parser.add_subparsers())

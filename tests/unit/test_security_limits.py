@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from facefuse.core.errors import InvalidInput
+from facefuse.core.limits import DEFAULT_LIMITS, check_optional_text, check_tensor
 from facefuse.diffusion.loop import DenoiseCancelled, LoopRequest, denoise, make_scheduler
-from facefuse.errors import InvalidInput
-from facefuse.limits import DEFAULT_LIMITS, check_optional_text, check_tensor
 
 UNET_SAMPLE = ["batch", 4, "height", "width"]
 CONTEXT = ["batch", "sequence", 64]

@@ -39,8 +39,8 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from facefuse.client import Client
-    from facefuse.samples import sample_pair, write_samples
-    from facefuse.server import LocalTritonServer, ServerConfig
+    from facefuse.core.samples import sample_pair, write_samples
+    from facefuse.serving.server import LocalTritonServer, ServerConfig
 
     source_path, target_path = write_samples(args.out.parent / "samples")
     started = time.perf_counter()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from facefuse.errors import ModelLoadError
+from facefuse.core.errors import ModelLoadError
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import numpy as np
 
-from facefuse import metrics
-from facefuse.errors import ModelLoadError
-from facefuse.limits import DEFAULT_LIMITS, check_tensor
-from facefuse.memory import check_cpu_fits
-from facefuse.runtime import (
+from facefuse.core import metrics
+from facefuse.core.errors import ModelLoadError
+from facefuse.core.limits import DEFAULT_LIMITS, check_tensor
+from facefuse.runtime.memory import check_cpu_fits
+from facefuse.runtime.sessions import (
     PartsRunner,
     SessionOptions,
     open_session,
     run_batched,
     threads_per_part,
 )
-from facefuse.triton_io import TritonMetric, error_response, pb_utils
+from facefuse.serving.triton_io import TritonMetric, error_response, pb_utils
 
 ONNX_FILE = "model.onnx"
 
@@ -51,7 +51,7 @@ class OnnxTritonModel:
     OUTPUTS: tuple[str, ...] = ()
     # per-input cast/reshape applied to each request's array before batching
     FLATTEN: tuple[str, ...] = ()
-    # shape checks before the graph runs (facefuse.limits.check_tensor): spatial sides must
+    # shape checks before the graph runs (facefuse.core.limits.check_tensor): spatial sides must
     # be multiples of SPATIAL_MULTIPLE and at most Limits.max_tensor_side // SIDE_SCALE
     SPATIAL_MULTIPLE: int = 1
     SIDE_SCALE: int = 1  # 8 for latents
@@ -70,10 +70,11 @@ class OnnxTritonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         graph = version_dir / params.get("onnx_file", ONNX_FILE)
         if params.get("check_memory", "true").lower() == "true":
-            check_cpu_fits(graph)  # refuse a variant that would not fit (facefuse.memory)
+            check_cpu_fits(graph)  # refuse a variant that would not fit (facefuse.runtime.memory)
         self.session = open_session(graph, options)
         # `parallel_runs` > 1: a forward of several rows runs as that many row slices at once
-        # (facefuse.runtime.PartsRunner), each on `intra_op_threads` threads (0: cores / parts)
+        # (facefuse.runtime.sessions.PartsRunner), each on `intra_op_threads` threads
+        # (0: cores / parts)
         self.runner = PartsRunner(self._run_session, parts)
         # the graph's input signature, read once: requests are checked against it
         self.input_shapes = {i.name.lower(): i.shape for i in self.session.get_inputs()}

@@ -65,7 +65,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from facefuse.server import ADMIN_HEADER, GRPC_ADMIN_HEADER, LocalTritonServer, ServerConfig
+    from facefuse.serving.server import (
+        ADMIN_HEADER,
+        GRPC_ADMIN_HEADER,
+        LocalTritonServer,
+        ServerConfig,
+    )
 
     config = ServerConfig(
         repository=args.repository,

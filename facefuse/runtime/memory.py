@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from facefuse.errors import ModelLoadError
+from facefuse.core.errors import ModelLoadError
 
-log = logging.getLogger("facefuse.memory")
+log = logging.getLogger("facefuse.runtime.memory")
 
 MIB = 1 << 20
 WEIGHT_FACTOR = 1.5

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from facefuse.core.errors import InvalidInput, tag_invalid, untag_invalid
 from facefuse.diffusion.loop import DenoiseCancelled
-from facefuse.errors import InvalidInput, tag_invalid, untag_invalid
 
 log = logging.getLogger("facefuse.triton")
 

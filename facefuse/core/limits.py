@@ -1,6 +1,6 @@
 """Input limits, defined once: the Triton models, the CLI and the client all import these.
 
-Every check raises :class:`~facefuse.errors.InvalidInput` naming the field and the expectation.
+Every check raises :class:`~facefuse.core.errors.InvalidInput` naming the field and the expectation.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from facefuse.errors import InvalidInput
+from facefuse.core.errors import InvalidInput
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from facefuse.errors import FacefuseError
+from facefuse.core.errors import FacefuseError
 
 ADMIN_HEADER = "facefuse-admin-key"
 # gRPC clients send the key under this name: Triton prefixes restricted-protocol headers

@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from facefuse import metrics
+from facefuse.core import metrics
+from facefuse.core.contract import GUIDANCE, SEED, STEPS, STRENGTH
+from facefuse.core.errors import InvalidInput
 from facefuse.diffusion.loop import DEFAULT_SCHEDULER, DenoiseCancelled
 from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
 from facefuse.diffusion.pipeline import Pipeline, params_from
-from facefuse.diffusion.stages import bls_stages
-from facefuse.errors import InvalidInput
-from facefuse.memory import MIB, FallbackController, gpu_free
-from facefuse.triton_io import TritonMetric, error_response, get_scalar
-from facefuse.variants import VariantRoutes, variant_model_names
+from facefuse.runtime.memory import MIB, FallbackController, gpu_free
+from facefuse.runtime.variants import VariantRoutes, variant_model_names
+from facefuse.serving.triton_io import TritonMetric, error_response, get_scalar
+from facefuse.serving.triton_stages import bls_stages
 
 
 class PipelineTritonModel:
@@ -73,7 +74,7 @@ class PipelineTritonModel:
 
     def auto_steps(self, request) -> bool:
         """True when the request gives no STEPS (adaptive steps apply if configured)."""
-        return get_scalar(request, "STEPS", None, str) is None
+        return get_scalar(request, STEPS.name, None, str) is None
 
     def _handle_routed(self, request):
         """Route the request to a variant; on OOM fall back to FP32 and run it once more."""
@@ -99,12 +100,12 @@ class PipelineTritonModel:
             return convert
 
         return params_from(
-            steps=get_scalar(request, "STEPS", None, number(int)),
-            strength=get_scalar(request, "STRENGTH", None, number(float))
+            steps=get_scalar(request, STEPS.name, None, number(int)),
+            strength=get_scalar(request, STRENGTH.name, None, number(float))
             if with_strength
             else None,
-            guidance=get_scalar(request, "GUIDANCE", None, number(float)),
-            seed=get_scalar(request, "SEED", None, number(int)),
+            guidance=get_scalar(request, GUIDANCE.name, None, number(float)),
+            seed=get_scalar(request, SEED.name, None, number(int)),
         )
 
     def handle(self, request):
