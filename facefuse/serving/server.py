@@ -2,8 +2,9 @@
 
 :class:`LocalTritonServer` is a context manager: it picks free loopback ports, starts the
 server on a model repository, waits for ``/v2/health/ready`` and stops it on exit (SIGINT,
-then SIGKILL after a grace period). Model-repository and shared-memory APIs are restricted
-by default to callers that send the admin key header.
+then SIGKILL after a grace period). The model-repository, shared-memory, trace and logging
+APIs are restricted by default to callers that send the admin key header
+(``facefuse.serving.tritonserver_args`` builds the command line).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from facefuse.core.errors import FacefuseError
-
-ADMIN_HEADER = "facefuse-admin-key"
-# gRPC clients send the key under this name: Triton prefixes restricted-protocol headers
-GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
-RESTRICTED_APIS = ("model-repository", "shared-memory")
+from facefuse.serving.tritonserver_args import (  # noqa: F401 - re-exported for callers
+    ADMIN_HEADER,
+    GRPC_ADMIN_HEADER,
+    RESTRICTED_APIS,
+    ServerArgs,
+    tritonserver_command,
+)
 
 
 class ServerError(FacefuseError, RuntimeError):
@@ -135,33 +138,22 @@ class LocalTritonServer:
 
     def command(self, paths: TritonPaths) -> list[str]:
         c = self.config
-        args = [
-            str(paths.binary),
-            f"--model-repository={c.repository.resolve()}",
-            f"--backend-directory={paths.backends}",
-            f"--http-address={c.host}",
-            f"--grpc-address={c.host}",
-            f"--metrics-address={c.host}",
-            f"--http-port={c.http_port}",
-            f"--grpc-port={c.grpc_port}",
-            f"--metrics-port={c.metrics_port}",
-            "--pinned-memory-pool-byte-size=0",
-            "--cuda-memory-pool-byte-size=0:0",
-            "--allow-gpu-metrics=false",
-            "--exit-on-error=true",
-            "--exit-timeout-secs=10",
-            "--metrics-config=summary_latencies=true",  # p50/p95 for the dashboard
-            f"--log-verbose={c.log_verbose}",
-        ]
-        if c.model_config_name:
-            args.append(f"--model-config-name={c.model_config_name}")
-        if c.restrict_apis:
-            restriction = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={c.admin_key}"
-            args += [
-                f"--http-restricted-api={restriction}",
-                f"--grpc-restricted-protocol={restriction}",
-            ]
-        return args + list(c.extra_args)
+        return tritonserver_command(
+            ServerArgs(
+                binary=str(paths.binary),
+                repository=str(c.repository.resolve()),
+                backend_directory=str(paths.backends),
+                host=c.host,
+                http_port=c.http_port,
+                grpc_port=c.grpc_port,
+                metrics_port=c.metrics_port,
+                model_config_name=c.model_config_name,
+                admin_key=c.admin_key if c.restrict_apis else None,
+                exit_timeout_s=10,
+                log_verbose=c.log_verbose,
+                extra=tuple(c.extra_args),
+            )
+        )
 
     def environment(self) -> dict[str, str]:
         """The stub must embed the same libpython as this interpreter (see triton-on-cpu.md)."""

@@ -66,7 +66,10 @@ def test_every_package_has_a_layer():
     assert not unknown, f"add {sorted(unknown)} to a layer here and in docs/architecture.md"
 
 
-@pytest.mark.parametrize("package,path", source_files(), ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "package,path",
+    [pytest.param(pkg, path, id=str(path.relative_to(ROOT))) for pkg, path in source_files()],
+)
 def test_imports_point_down(package, path):
     wrong = []
     for line, module in facefuse_imports(path):

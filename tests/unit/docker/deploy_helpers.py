@@ -1,4 +1,4 @@
-"""Helpers for the offline deployment tests (tests/unit/test_deploy_*.py) and for the
+"""Helpers for the offline deployment tests (tests/unit/docker/test_*.py) and for the
 integration test that checks the dashboard and alerts against a real ``/metrics`` scrape.
 
 - :func:`kustomize_build` renders a kustomization with ``kubectl kustomize`` (the kubectl
@@ -26,7 +26,7 @@ import yaml
 
 from facefuse.core.metrics import CUSTOM_METRICS, TRITON_METRICS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DOCKER = REPO / "docker"
 K8S = DOCKER / "k8s"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "facefuse.json"

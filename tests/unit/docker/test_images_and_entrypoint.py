@@ -16,7 +16,7 @@ import tomllib
 import yaml
 
 from facefuse.serving import server
-from tests.unit.deploy_helpers import DEPLOY_DOC, DOCKER, K8S, REPO, load_docker_module
+from tests.unit.docker.deploy_helpers import DEPLOY_DOC, DOCKER, K8S, REPO, load_docker_module
 
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 # nvidia-pytriton release -> the Triton release whose tritonserver it ships (its changelog)
@@ -200,9 +200,11 @@ def test_server_command_restricts_admin_apis(entry, tmp_path, capsys):
         assert flag in args
 
 
-def test_entrypoint_agrees_with_the_local_server(entry):
+def test_entrypoint_and_the_local_server_share_one_command_builder(entry, tmp_path):
+    assert entry.tritonserver_command is server.tritonserver_command
     assert entry.ADMIN_HEADER == server.ADMIN_HEADER
-    assert set(server.RESTRICTED_APIS) <= set(entry.RESTRICTED_APIS)
+    assert entry.RESTRICTED_APIS == server.RESTRICTED_APIS
+    assert {"model-repository", "shared-memory", "logging", "trace"} == set(server.RESTRICTED_APIS)
 
 
 @pytest.mark.parametrize(

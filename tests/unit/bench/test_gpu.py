@@ -7,6 +7,7 @@ import json
 import pytest
 
 
+@pytest.mark.slow  # builds an SD-1.5-shaped UNet: ~30 s
 def test_bench_gpu_dry_run_compares_fp16_with_fp32(capsys):
     from facefuse.cli import main
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from facefuse.core import metrics
-from tests.unit.deploy_helpers import (
+from tests.unit.docker.deploy_helpers import (
     ADAPTER_VALUES,
     ALERTS,
     DASHBOARD,

@@ -17,7 +17,7 @@ from facefuse.prompt.optimizer import OptimizedPrompt, encode_chunks, optimize, 
 from facefuse.prompt.structured import parse_instruction, render_attributes
 from facefuse.prompt.tokenizer import BOS_ID, EOS_ID, MAX_LENGTH, build_clip_tokenizer, count_tokens
 
-VERBOSE = Path(__file__).resolve().parents[1] / "data" / "verbose_portrait_prompts.txt"
+VERBOSE = Path(__file__).resolve().parents[2] / "data" / "verbose_portrait_prompts.txt"
 ISSUE_ATTRIBUTES = {
     "identity": "Asian man",
     "age": 35,

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
-from tests.unit.deploy_helpers import DEPLOY_DOC, K8S, k8s_validate, kustomize_build
+from tests.unit.docker.deploy_helpers import DEPLOY_DOC, K8S, k8s_validate, kustomize_build
 
 kv = pytest.importorskip(
     "kubernetes_validate", reason="pip install -e '.[dev]' (kubernetes-validate)"

@@ -7,7 +7,7 @@ from pathlib import Path
 from facefuse.export.configs import get_parameter, parse
 from facefuse.export.variants import copy_repository_sources, naive_repository
 
-REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
+REPOSITORY = Path(__file__).resolve().parents[3] / "model_repository"
 
 
 def _write(path: Path, text: str) -> None:

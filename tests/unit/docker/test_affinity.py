@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from tests.unit.deploy_helpers import DEPLOY_DOC, load_docker_module
+from tests.unit.docker.deploy_helpers import DEPLOY_DOC, load_docker_module
 
 
 @pytest.fixture(scope="module")

@@ -136,7 +136,8 @@ def test_server_config_restricts_admin_apis_and_stays_on_loopback(tmp_path):
     assert config.host == "127.0.0.1" and 0 < config.http_port < 65536 and config.admin_key
     command = LocalTritonServer(config).command(TritonPaths.find())
     assert any(
-        a.startswith("--http-restricted-api=model-repository,shared-memory:") for a in command
+        a.startswith("--http-restricted-api=model-repository,shared-memory,trace,logging:")
+        for a in command
     )
     assert any(a.startswith("--grpc-restricted-protocol=") for a in command)
     assert "--http-address=127.0.0.1" in command

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCANNED = ("facefuse", "export", "client", "model_repository", "load_tests")
 
 
@@ -170,7 +170,7 @@ def test_serve_defaults_are_loopback_and_restricted(tmp_path):
     command = LocalTritonServer(config).command(TritonPaths(tmp_path))
     for flag in ("--http-address=", "--grpc-address=", "--metrics-address="):
         assert f"{flag}127.0.0.1" in command
-    restricted = f"model-repository,shared-memory:{ADMIN_HEADER}={config.admin_key}"
+    restricted = f"model-repository,shared-memory,trace,logging:{ADMIN_HEADER}={config.admin_key}"
     assert f"--http-restricted-api={restricted}" in command
     assert f"--grpc-restricted-protocol={restricted}" in command
     # another random key each time: no default secret exists
