@@ -32,7 +32,7 @@ from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
 PIPELINE_MODELS = ("facefusion", "txt2img")
 ONNX_FILE = "model.onnx"
 # Raised whenever exported files change meaning, so that cached exports are redone
-# (2: the INT8 UNet has its attention fused, 2026-12-03).
+# (2: the INT8 UNet has its attention fused).
 EXPORT_FORMAT = 2
 
 

@@ -143,7 +143,7 @@ class PartsRunner:
     ONNX Runtime releases the GIL inside ``run`` and a session may run concurrently, so
     ``parts`` 1-thread runs of one session use ``parts`` cores; on the 2-core development
     machine two 1-thread runs side by side beat one 2-thread run by 1.1-1.3x
-    (``facefuse bench unet``, README). ``parts`` 1 calls ``forward`` directly.
+    (``facefuse bench unet``, docs/benchmarks.md). ``parts`` 1 calls ``forward`` directly.
     """
 
     def __init__(
