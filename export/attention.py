@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from facefuse.runtime.sessions import open_session
+
 # The optimizer's fusions whose kernels exist only for CUDA/ROCm (NHWC convs, GroupNorm,
 # BiasSplitGelu, packed QKV/KV layouts, BiasAdd): off for a CPU graph.
 GPU_ONLY_FUSIONS = (
@@ -135,7 +137,6 @@ def fusion_error(
 ) -> tuple[float, float]:
     """(max abs difference, max abs output) of ``fused`` against ``source`` on one random
     UNet call of batch 2 at a ``latent`` x ``latent`` latent."""
-    from facefuse.runtime.sessions import open_session
 
     outputs = []
     for path in (source, fused):

@@ -28,7 +28,10 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from facefuse.export.quantize import EXTERNAL_DATA_LIMIT, _result, model_bytes, save_model
+
 from facefuse.core.errors import ModelLoadError
+from facefuse.runtime.variants import VARIANT_MODELS, onnx_file
 
 log = logging.getLogger("facefuse.export.gpu")
 
@@ -46,12 +49,6 @@ class TensorRTMissing(ModelLoadError):
 def convert_fp16(source: str | Path, destination: str | Path, op_block_list=None):
     """FP16 copy of ``source`` with fp32 inputs/outputs; keeps external data when large."""
     import onnx
-    from facefuse.export.quantize import (
-        EXTERNAL_DATA_LIMIT,
-        _result,
-        model_bytes,
-        save_model,
-    )
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     source, destination = Path(source), Path(destination)
@@ -336,7 +333,6 @@ def export_gpu_variant(
     engines: bool = True,
 ) -> list[GpuExportResult]:
     """FP16 ONNX for every FP16 model and, when ``engines``, a TensorRT engine for the UNet."""
-    from facefuse.runtime.variants import VARIANT_MODELS, onnx_file
 
     if precision == "fp32":
         return []

@@ -8,7 +8,9 @@ onnxruntime only: serving processes never import torch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -116,7 +118,6 @@ def _forward_chunk(forward, requests, chunk, results, stats: BatchStats) -> None
 
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity where the OS reports one)."""
-    import os
 
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
@@ -160,8 +161,6 @@ class PartsRunner:
         if parts == 1:
             return list(self.forward(feeds))
         if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             self._pool = ThreadPoolExecutor(self.parts, thread_name_prefix="ort-part")
         bounds = np.linspace(0, rows, parts + 1).astype(int)
         futures = [
