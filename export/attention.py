@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from facefuse.core.contract import ENCODER_HIDDEN_STATES, SAMPLE, TIMESTEP
 from facefuse.runtime.sessions import open_session
 
 # The optimizer's fusions whose kernels exist only for CUDA/ROCm (NHWC convs, GroupNorm,
@@ -144,9 +145,9 @@ def fusion_error(
         hidden = session.get_inputs()[2].shape[2]
         rng = np.random.default_rng(seed)
         feeds = {
-            "sample": rng.standard_normal((2, 4, latent, latent)).astype(np.float32),
-            "timestep": np.array([500.0, 20.0], dtype=np.float32),
-            "encoder_hidden_states": rng.standard_normal((2, 77, hidden)).astype(np.float32),
+            SAMPLE.name: rng.standard_normal((2, 4, latent, latent)).astype(np.float32),
+            TIMESTEP.name: np.array([500.0, 20.0], dtype=np.float32),
+            ENCODER_HIDDEN_STATES.name: rng.standard_normal((2, 77, hidden)).astype(np.float32),
         }
         outputs.append(session.run(None, feeds)[0])
         del session

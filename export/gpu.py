@@ -30,6 +30,7 @@ from pathlib import Path
 
 from facefuse.export.quantize import EXTERNAL_DATA_LIMIT, _result, model_bytes, save_model
 
+from facefuse.core.contract import ENCODER_HIDDEN_STATES, LATENT, PIXELS, SAMPLE, TIMESTEP
 from facefuse.core.errors import ModelLoadError
 from facefuse.runtime.variants import VARIANT_MODELS, onnx_file
 
@@ -103,14 +104,14 @@ def unet_profile(max_batch: int, latent: int, text_dim: int) -> list[InputProfil
     seq = 77 * MAX_TEXT_CHUNKS
     return [
         InputProfile(
-            "sample",
+            SAMPLE.name,
             (1, 4, latent, latent),
             (opt, 4, latent, latent),
             (max_batch, 4, latent, latent),
         ),
-        InputProfile("timestep", (1,), (opt,), (max_batch,)),
+        InputProfile(TIMESTEP.name, (1,), (opt,), (max_batch,)),
         InputProfile(
-            "encoder_hidden_states",
+            ENCODER_HIDDEN_STATES.name,
             (1, 77, text_dim),
             (opt, 77, text_dim),
             (max_batch, seq, text_dim),
@@ -121,7 +122,7 @@ def unet_profile(max_batch: int, latent: int, text_dim: int) -> list[InputProfil
 def vae_encoder_profile(max_batch: int, image: int) -> list[InputProfile]:
     return [
         InputProfile(
-            "image", (1, 3, image, image), (1, 3, image, image), (max_batch, 3, image, image)
+            PIXELS.name, (1, 3, image, image), (1, 3, image, image), (max_batch, 3, image, image)
         )
     ]
 
@@ -129,7 +130,10 @@ def vae_encoder_profile(max_batch: int, image: int) -> list[InputProfile]:
 def vae_decoder_profile(max_batch: int, latent: int) -> list[InputProfile]:
     return [
         InputProfile(
-            "latent", (1, 4, latent, latent), (1, 4, latent, latent), (max_batch, 4, latent, latent)
+            LATENT.name,
+            (1, 4, latent, latent),
+            (1, 4, latent, latent),
+            (max_batch, 4, latent, latent),
         )
     ]
 

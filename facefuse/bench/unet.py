@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from facefuse.bench import print_report, progress_log
+from facefuse.core.contract import ENCODER_HIDDEN_STATES, SAMPLE, TIMESTEP
 
 INSTRUCTION = "a smiling portrait, natural light, sharp focus"
 TARGET_UNET_VS_ORT = 1.2
@@ -167,7 +168,7 @@ def bench_sd15(args, log) -> dict:
     sample = rng.standard_normal((args.batch, 4, args.latent, args.latent)).astype(np.float32)
     timestep = np.array([500.0] * args.batch, dtype=np.float32)
     context = rng.standard_normal((args.batch, 77, SD15.text_hidden)).astype(np.float32)
-    feeds = {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
+    feeds = {SAMPLE.name: sample, TIMESTEP.name: timestep, ENCODER_HIDDEN_STATES.name: context}
 
     unet = build_unet(SD15, args.seed)
     tensors = [torch.from_numpy(a) for a in (sample, timestep, context)]
@@ -362,11 +363,11 @@ def bench_parts(args, log, folder: Path) -> dict:
         hidden = single.get_inputs()[2].shape[2]
         for batch in PARTS_BATCHES:
             feeds = {
-                "sample": rng.standard_normal((batch, 4, args.latent, args.latent)).astype(
+                SAMPLE.name: rng.standard_normal((batch, 4, args.latent, args.latent)).astype(
                     np.float32
                 ),
-                "timestep": np.full((batch,), 500.0, dtype=np.float32),
-                "encoder_hidden_states": rng.standard_normal((batch, 77, hidden)).astype(
+                TIMESTEP.name: np.full((batch,), 500.0, dtype=np.float32),
+                ENCODER_HIDDEN_STATES.name: rng.standard_normal((batch, 77, hidden)).astype(
                     np.float32
                 ),
             }

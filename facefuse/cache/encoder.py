@@ -37,9 +37,10 @@ from facefuse.cache.health import HitRateWindow, MetricsSink, NullMetrics, Prefi
 from facefuse.cache.radix import CacheKey, PrefixKVCache, PrefixMatch
 from facefuse.cache.runtime import KvRuntime, StepOutput
 from facefuse.core import metrics as names
+from facefuse.core.contract import INPUT_IDS
 from facefuse.core.errors import InvalidInput, ModelLoadError
 
-FIELD = "INPUT_IDS"
+FIELD = INPUT_IDS.name
 DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
 PARAMETER_PREFIX = "cache_"
 

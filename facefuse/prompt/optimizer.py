@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from facefuse.core.contract import INSTRUCTION
 from facefuse.core.errors import InvalidInput
 from facefuse.core.limits import check_instruction
 from facefuse.prompt.compress import compress, normalize
@@ -148,7 +149,7 @@ def optimize(
         text = check_instruction(instruction)
     prompt, negatives, merged, result = _compose(text, attributes, style)
     if not prompt:
-        raise InvalidInput("INSTRUCTION", "has no describable content after optimisation")
+        raise InvalidInput(INSTRUCTION.name, "has no describable content after optimisation")
     negative = DEFAULT_NEGATIVE if negative_prompt is None else negative_prompt.strip()
     for item in negatives:
         if item not in negative.split(", "):
