@@ -28,8 +28,6 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from facefuse.export.quantize import EXTERNAL_DATA_LIMIT, _result, model_bytes, save_model
-
 from facefuse.core.contract import ENCODER_HIDDEN_STATES, LATENT, PIXELS, SAMPLE, TIMESTEP
 from facefuse.core.errors import ModelLoadError
 from facefuse.runtime.variants import VARIANT_MODELS, onnx_file
@@ -50,6 +48,12 @@ class TensorRTMissing(ModelLoadError):
 def convert_fp16(source: str | Path, destination: str | Path, op_block_list=None):
     """FP16 copy of ``source`` with fp32 inputs/outputs; keeps external data when large."""
     import onnx
+    from facefuse.export.quantize import (  # at call time: tests lower EXTERNAL_DATA_LIMIT
+        EXTERNAL_DATA_LIMIT,
+        _result,
+        model_bytes,
+        save_model,
+    )
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     source, destination = Path(source), Path(destination)
