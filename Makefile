@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 # the embedded default: the trained face model shipped in facefuse/models/faces
 MODEL ?= faces
 
-.PHONY: install demo test test-unit test-integration lint format export clean
+.PHONY: install demo test test-fast test-unit test-integration lint format export clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,10 @@ demo: export
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# the unit tier without the tests marked slow (tiny-model export, servers): under a minute
+test-fast: install
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit -m "not slow"
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit

@@ -1,6 +1,6 @@
 """Python client for a facefuse Triton deployment (tritonclient, gRPC or HTTP, sync and async).
 
-Inputs are checked against the same :mod:`facefuse.limits` the server enforces before any
+Inputs are checked against the same :mod:`facefuse.core.limits` the server enforces before any
 bytes are sent; server errors surface as :class:`ClientError` with one clear line.
 """
 
@@ -10,10 +10,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from facefuse.errors import FacefuseError, InvalidInput
-from facefuse.limits import DEFAULT_LIMITS, check_instruction, check_params
+from facefuse.core import contract
+from facefuse.core.errors import FacefuseError, InvalidInput
+from facefuse.core.limits import DEFAULT_LIMITS
 
 PROTOCOLS = ("grpc", "http")
 # Header that the Kubernetes manifests hash on to route one prompt template to one replica
@@ -59,44 +58,22 @@ def read_image(image: ImageLike, field: str) -> bytes:
     return image
 
 
-def _optional_params(steps, strength, guidance, seed) -> dict[str, tuple[np.ndarray, str]]:
-    """Validate what is given (with server defaults for the rest) and build the tensors."""
-    check_params(
-        20 if steps is None else steps,
-        0.5 if strength is None else strength,
-        7.5 if guidance is None else guidance,
-        0 if seed is None else seed,
-    )
-    values = {
-        "STEPS": (steps, np.int32, "INT32"),
-        "STRENGTH": (strength, np.float32, "FP32"),
-        "GUIDANCE": (guidance, np.float32, "FP32"),
-        "SEED": (seed, np.int64, "INT64"),
-    }
-    return {
-        name: (np.array([value], dtype=dtype), triton_type)
-        for name, (value, dtype, triton_type) in values.items()
-        if value is not None
-    }
-
-
 def fusion_inputs(source, target, instruction, steps=None, strength=None, guidance=None, seed=None):
-    """name -> (array, Triton dtype) for a ``facefusion`` request, validated client-side."""
-    tensors = {
-        "SOURCE_IMAGE": (np.array([read_image(source, "SOURCE_IMAGE")], dtype=object), "BYTES"),
-        "TARGET_IMAGE": (np.array([read_image(target, "TARGET_IMAGE")], dtype=object), "BYTES"),
-        "INSTRUCTION": (np.array([check_instruction(instruction).encode()], dtype=object), "BYTES"),
-    }
-    tensors.update(_optional_params(steps, strength, guidance, seed))
-    return tensors
+    """name -> array of a ``facefusion`` request, validated client-side."""
+    return contract.facefusion_request(
+        read_image(source, contract.SOURCE_IMAGE.name),
+        read_image(target, contract.TARGET_IMAGE.name),
+        instruction,
+        steps=steps,
+        strength=strength,
+        guidance=guidance,
+        seed=seed,
+    )
 
 
 def txt2img_inputs(prompt, steps=None, guidance=None, seed=None):
-    tensors = {
-        "PROMPT": (np.array([check_instruction(prompt, "PROMPT").encode()], dtype=object), "BYTES")
-    }
-    tensors.update(_optional_params(steps, None, guidance, seed))
-    return tensors
+    """name -> array of a ``txt2img`` request, validated client-side."""
+    return contract.txt2img_request(prompt, steps=steps, guidance=guidance, seed=seed)
 
 
 def _module(protocol: str, aio: bool = False):
@@ -113,19 +90,13 @@ def _module(protocol: str, aio: bool = False):
     return http_aio if aio else http_module
 
 
-def _build(module, tensors: dict):
-    inputs = []
-    for name, (array, triton_type) in tensors.items():
-        tensor = module.InferInput(name, list(array.shape), triton_type)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    outputs = [module.InferRequestedOutput(n) for n in ("IMAGE", "INFO")]
-    return inputs, outputs
+def _build(module, model: contract.Model, tensors: dict):
+    return contract.infer_inputs(module, model, tensors), contract.requested_outputs(module, model)
 
 
 def _result(response) -> Result:
-    png = response.as_numpy("IMAGE").reshape(-1)[0]
-    info = json.loads(response.as_numpy("INFO").reshape(-1)[0])
+    png = response.as_numpy(contract.IMAGE.name).reshape(-1)[0]
+    info = json.loads(response.as_numpy(contract.INFO.name).reshape(-1)[0])
     return Result(png=png, info=info)
 
 
@@ -158,13 +129,13 @@ class Client:
         else:
             self._client = self.module.InferenceServerClient(self.url)
 
-    def _infer(self, model: str, tensors: dict, headers: dict | None = None) -> Result:
-        inputs, outputs = _build(self.module, tensors)
+    def _infer(self, model: contract.Model, tensors: dict, headers: dict | None = None) -> Result:
+        inputs, outputs = _build(self.module, model, tensors)
         kwargs = {"headers": headers}
         if self.protocol == "grpc":
             kwargs["client_timeout"] = self.timeout_s
         try:
-            return _result(self._client.infer(model, inputs, outputs=outputs, **kwargs))
+            return _result(self._client.infer(model.name, inputs, outputs=outputs, **kwargs))
         except (
             Exception
         ) as exc:  # tritonclient raises InferenceServerException and transport errors
@@ -183,12 +154,12 @@ class Client:
         ``template_key`` names the prompt template; behind the consistent-hash proxy of the
         Kubernetes manifests, requests with the same key reach the same replica's cache."""
         tensors = fusion_inputs(source, target, instruction, **params)
-        return self._infer("facefusion", tensors, _template_headers(template_key))
+        return self._infer(contract.FACEFUSION, tensors, _template_headers(template_key))
 
     def txt2img(self, prompt: str, template_key: str | None = None, **params) -> Result:
         """Generate a portrait; params: steps, guidance, seed."""
         tensors = txt2img_inputs(prompt, **params)
-        return self._infer("txt2img", tensors, _template_headers(template_key))
+        return self._infer(contract.TXT2IMG, tensors, _template_headers(template_key))
 
     def is_ready(self) -> bool:
         try:
@@ -215,11 +186,13 @@ class AsyncClient:
         self.url = url or DEFAULT_URLS[protocol]
         self._client = self.module.InferenceServerClient(self.url)
 
-    async def _infer(self, model: str, tensors: dict, headers: dict | None = None) -> Result:
-        inputs, outputs = _build(self.module, tensors)
+    async def _infer(
+        self, model: contract.Model, tensors: dict, headers: dict | None = None
+    ) -> Result:
+        inputs, outputs = _build(self.module, model, tensors)
         try:
             return _result(
-                await self._client.infer(model, inputs, outputs=outputs, headers=headers)
+                await self._client.infer(model.name, inputs, outputs=outputs, headers=headers)
             )
         except Exception as exc:
             raise _client_error(exc) from exc
@@ -227,10 +200,12 @@ class AsyncClient:
     async def fuse(
         self, source: ImageLike, target: ImageLike, instruction: str, **params
     ) -> Result:
-        return await self._infer("facefusion", fusion_inputs(source, target, instruction, **params))
+        return await self._infer(
+            contract.FACEFUSION, fusion_inputs(source, target, instruction, **params)
+        )
 
     async def txt2img(self, prompt: str, **params) -> Result:
-        return await self._infer("txt2img", txt2img_inputs(prompt, **params))
+        return await self._infer(contract.TXT2IMG, txt2img_inputs(prompt, **params))
 
     async def close(self) -> None:
         await self._client.close()

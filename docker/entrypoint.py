@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Container entrypoint for facefuse images: build GPU engines once, then exec tritonserver.
 
-Standard library only, so that the same file runs in the NGC Triton image (system Python 3.10)
-and in the CPU image (Python 3.11 venv). Sub-commands:
+Standard library plus ``facefuse.serving.tritonserver_args`` (itself standard library only; the
+images install facefuse), so that the same file runs in the NGC Triton image (system Python
+3.10) and in the CPU image (Python 3.11 venv). Sub-commands:
 
 ``serve`` (default)
     Resolve the model repository, build TensorRT engines first if the GPU variant needs them
@@ -53,10 +54,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ADMIN_HEADER = "facefuse-admin-key"
-# APIs that need the admin key. model-repository and shared-memory as in facefuse.server;
-# trace and logging too, because their update calls change files and verbosity on the server.
-RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
+# standard library only too; the one builder of the command line, shared with `facefuse serve`
+from facefuse.serving.tritonserver_args import (  # noqa: F401 - ADMIN_HEADER re-exported
+    ADMIN_HEADER,
+    RESTRICTED_APIS,
+    ServerArgs,
+    tritonserver_command,
+)
+
 MIN_KEY_CHARS = 16
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 DEFAULT_REPOSITORY = "/opt/facefuse/model_repository"
@@ -322,34 +327,22 @@ def build_engines(settings: Settings, env: dict[str, str], log=print) -> Path:
 # --- the server command ----------------------------------------------------------------------
 
 
-def restriction(key: str) -> str:
-    return f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={key}"
-
-
 def server_command(settings: Settings, repository: str, extra: list[str]) -> list[str]:
-    args = [
-        settings.tritonserver,
-        f"--model-repository={repository}",
-        f"--model-config-name={settings.model_config}",
-        f"--http-port={HTTP_PORT}",
-        f"--grpc-port={GRPC_PORT}",
-        f"--metrics-port={METRICS_PORT}",
-        "--model-control-mode=none",  # no load/unload over the network, whatever the key
-        "--strict-readiness=true",
-        "--exit-on-error=true",
-        "--metrics-config=summary_latencies=true",  # p50/p95 for the dashboard and alerts
-        f"--http-restricted-api={restriction(settings.admin_key)}",
-        f"--grpc-restricted-protocol={restriction(settings.admin_key)}",
-    ]
-    if settings.backend_dir:
-        args.append(f"--backend-directory={settings.backend_dir}")
-    if settings.model_config == "cpu":
-        args += [
-            "--pinned-memory-pool-byte-size=0",
-            "--cuda-memory-pool-byte-size=0:0",
-            "--allow-gpu-metrics=false",
-        ]
-    return args + extra
+    return tritonserver_command(
+        ServerArgs(
+            binary=settings.tritonserver,
+            repository=repository,
+            backend_directory=settings.backend_dir,
+            http_port=HTTP_PORT,
+            grpc_port=GRPC_PORT,
+            metrics_port=METRICS_PORT,
+            model_config_name=settings.model_config,
+            admin_key=settings.admin_key,
+            cpu_only=settings.model_config == "cpu",
+            model_control_none=True,
+            extra=tuple(extra),
+        )
+    )
 
 
 def prepare(settings: Settings, env: dict[str, str]) -> str:

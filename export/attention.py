@@ -28,6 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from facefuse.core.contract import ENCODER_HIDDEN_STATES, SAMPLE, TIMESTEP
+from facefuse.runtime.sessions import open_session
+
 # The optimizer's fusions whose kernels exist only for CUDA/ROCm (NHWC convs, GroupNorm,
 # BiasSplitGelu, packed QKV/KV layouts, BiasAdd): off for a CPU graph.
 GPU_ONLY_FUSIONS = (
@@ -135,7 +138,6 @@ def fusion_error(
 ) -> tuple[float, float]:
     """(max abs difference, max abs output) of ``fused`` against ``source`` on one random
     UNet call of batch 2 at a ``latent`` x ``latent`` latent."""
-    from facefuse.runtime import open_session
 
     outputs = []
     for path in (source, fused):
@@ -144,9 +146,9 @@ def fusion_error(
         hidden = session.get_inputs()[2].shape[2]
         rng = np.random.default_rng(seed)
         feeds = {
-            "sample": rng.standard_normal((2, channels, latent, latent)).astype(np.float32),
-            "timestep": np.array([500.0, 20.0], dtype=np.float32),
-            "encoder_hidden_states": rng.standard_normal((2, 77, hidden)).astype(np.float32),
+            SAMPLE.name: rng.standard_normal((2, channels, latent, latent)).astype(np.float32),
+            TIMESTEP.name: np.array([500.0, 20.0], dtype=np.float32),
+            ENCODER_HIDDEN_STATES.name: rng.standard_normal((2, 77, hidden)).astype(np.float32),
         }
         outputs.append(session.run(None, feeds)[0])
         del session

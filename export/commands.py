@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from facefuse.variants import PRECISIONS, TARGETS
+from facefuse.runtime.variants import PRECISIONS, TARGETS
 
 # what each target can build (fp32, the reference, is always exported)
 TARGET_PRECISIONS = {"cpu": ("fp32", "int8"), "gpu": ("fp32", "fp16")}
@@ -143,7 +143,7 @@ def _export_variant(args, components, console) -> None:
 def _check_engines(out: Path, console) -> int:
     from facefuse.export.gpu import PLAN_FILE, check_engine
 
-    from facefuse.errors import ModelLoadError
+    from facefuse.core.errors import ModelLoadError
 
     plans = sorted(out.glob(f"*/1/{PLAN_FILE}"))
     if not plans:

@@ -28,7 +28,9 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from facefuse.errors import ModelLoadError
+from facefuse.core.contract import ENCODER_HIDDEN_STATES, LATENT, PIXELS, SAMPLE, TIMESTEP
+from facefuse.core.errors import ModelLoadError
+from facefuse.runtime.variants import VARIANT_MODELS, onnx_file
 
 log = logging.getLogger("facefuse.export.gpu")
 
@@ -46,7 +48,7 @@ class TensorRTMissing(ModelLoadError):
 def convert_fp16(source: str | Path, destination: str | Path, op_block_list=None):
     """FP16 copy of ``source`` with fp32 inputs/outputs; keeps external data when large."""
     import onnx
-    from facefuse.export.quantize import (
+    from facefuse.export.quantize import (  # at call time: tests lower EXTERNAL_DATA_LIMIT
         EXTERNAL_DATA_LIMIT,
         _result,
         model_bytes,
@@ -108,14 +110,14 @@ def unet_profile(
     seq = 77 * MAX_TEXT_CHUNKS
     return [
         InputProfile(
-            "sample",
+            SAMPLE.name,
             (1, channels, latent, latent),
             (opt, channels, latent, latent),
             (max_batch, channels, latent, latent),
         ),
-        InputProfile("timestep", (1,), (opt,), (max_batch,)),
+        InputProfile(TIMESTEP.name, (1,), (opt,), (max_batch,)),
         InputProfile(
-            "encoder_hidden_states",
+            ENCODER_HIDDEN_STATES.name,
             (1, 77, text_dim),
             (opt, 77, text_dim),
             (max_batch, seq, text_dim),
@@ -126,14 +128,14 @@ def unet_profile(
 def vae_encoder_profile(max_batch: int, image: int) -> list[InputProfile]:
     return [
         InputProfile(
-            "image", (1, 3, image, image), (1, 3, image, image), (max_batch, 3, image, image)
+            PIXELS.name, (1, 3, image, image), (1, 3, image, image), (max_batch, 3, image, image)
         )
     ]
 
 
 def vae_decoder_profile(max_batch: int, latent: int, channels: int = 4) -> list[InputProfile]:
     one, most = (1, channels, latent, latent), (max_batch, channels, latent, latent)
-    return [InputProfile("latent", one, one, most)]
+    return [InputProfile(LATENT.name, one, one, most)]
 
 
 # ----------------------------------------------------------------------------- host and metadata
@@ -335,7 +337,6 @@ def export_gpu_variant(
     engines: bool = True,
 ) -> list[GpuExportResult]:
     """FP16 ONNX for every FP16 model and, when ``engines``, a TensorRT engine for the UNet."""
-    from facefuse.variants import VARIANT_MODELS, onnx_file
 
     if precision == "fp32":
         return []

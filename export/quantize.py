@@ -19,9 +19,13 @@ is loaded with its ``.data`` file, the output is written with ``<file>.data`` be
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from facefuse.runtime.variants import VARIANT_MODELS, onnx_file
 
 DEFAULT_OP_TYPES = ("MatMul", "Gemm")
 # Protobuf can't serialise 2 GiB; stay clear of it.
@@ -199,7 +203,6 @@ def export_cpu_variant(
     repository: str | Path, precision: str, op_types: Sequence[str] = DEFAULT_OP_TYPES
 ) -> list[ConversionResult]:
     """Write ``precision``'s files beside ``model.onnx`` for the models that variant touches."""
-    from facefuse.variants import VARIANT_MODELS, onnx_file
 
     if precision == "fp32":
         return []
@@ -219,7 +222,6 @@ def fuse_attention_contained(source: str | Path, destination: str | Path):
     over ``FUSE_IN_CHILD_BYTES``: the optimizer's memory does not go back to the OS, and fusing
     then quantising the SD-1.5 UNet in one process peaked over 24 GiB (OOM; each step alone
     11-14 GiB)."""
-    import multiprocessing
 
     from facefuse.export.attention import fuse_attention
 
@@ -237,7 +239,6 @@ def fused_int8(
     it matches ``source`` within ``FUSION_TOLERANCE`` x its output scale on a random call;
     otherwise (or if the optimizer fails on the graph) the plain graph is quantised, with a
     warning, and ``fusion_check`` is None."""
-    import tempfile
 
     from facefuse.export.attention import fusion_error
 

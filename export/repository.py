@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from facefuse.export import configs
 from facefuse.export.onnx_export import (
     ExportResult,
     export_text_encoder,
@@ -31,7 +32,7 @@ from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
 PIPELINE_MODELS = ("facefusion", "txt2img")
 ONNX_FILE = "model.onnx"
 # Raised whenever exported files change meaning, so that cached exports are redone
-# (2: the INT8 UNet has its attention fused, 2026-12-03).
+# (2: the INT8 UNet has its attention fused).
 EXPORT_FORMAT = 2
 
 
@@ -149,9 +150,8 @@ def write_variant_models(root: Path, precision: str) -> list[Path]:
     pointing at the variant file.
     """
     import os
-    import re
 
-    from facefuse.variants import VARIANT_MODELS, onnx_file, variant_model_name
+    from facefuse.runtime.variants import VARIANT_MODELS, onnx_file, variant_model_name
 
     root = Path(root)
     written = []
@@ -171,20 +171,23 @@ def write_variant_models(root: Path, precision: str) -> list[Path]:
             if source.exists():
                 target = folder / "1" / source.name
                 target.symlink_to(os.path.relpath(source, target.parent))
-        configs = [base / "config.pbtxt", *sorted((base / "configs").glob("*.pbtxt"))]
-        for config in configs:
+        config_files = [base / "config.pbtxt", *sorted((base / "configs").glob("*.pbtxt"))]
+        for config in config_files:
             if not config.is_file():
                 continue
-            text = re.sub(r'^name: "[^"]*"', f'name: "{name}"', config.read_text(), flags=re.M)
-            text = re.sub(
-                r'default_model_filename: "[^"]*"', f'default_model_filename: "{file}"', text
+            edited = configs.read(config)
+            edited.name = name
+            if edited.default_model_filename:
+                edited.default_model_filename = file
+            if edited.platform == "tensorrt_plan":
+                edited.platform = "onnxruntime_onnx"
+            configs.remove_parameter(edited, "onnx_file")
+            if edited.backend == "python":
+                configs.set_parameter(edited, "onnx_file", file)
+            configs.write(
+                edited,
+                folder / config.relative_to(base),
+                f"facefuse export --variant-models from {model}/{config.relative_to(base)}",
             )
-            text = re.sub(r'platform: "tensorrt_plan"', 'platform: "onnxruntime_onnx"', text)
-            text = re.sub(r'\n*parameters \{ key: "onnx_file"[^\n]*', "", text).rstrip("\n") + "\n"
-            if 'backend: "python"' in text:
-                text += f'parameters {{ key: "onnx_file", value: {{ string_value: "{file}" }} }}\n'
-            out = folder / config.relative_to(base)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
         written.append(folder)
     return written

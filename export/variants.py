@@ -8,9 +8,11 @@ prefix cache. Artefacts are symlinked, never copied.
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
+
+from facefuse.export import configs
+from facefuse.export.configs import set_parameter
 
 ARTEFACT_SUFFIXES = (".onnx", ".data", ".json")
 
@@ -58,33 +60,6 @@ def copy_repository_sources(
     return Path(destination)
 
 
-def set_parameter(config: str, key: str, value: str) -> str:
-    """Set (or add) ``parameters { key: KEY value: { string_value: VALUE } }`` in a pbtxt."""
-    pattern = re.compile(
-        rf'parameters\s*{{\s*key:\s*"{re.escape(key)}",?\s*value:\s*{{\s*string_value:\s*"[^"]*"\s*}}\s*}}'
-    )
-    entry = f'parameters {{ key: "{key}", value: {{ string_value: "{value}" }} }}'
-    if pattern.search(config):
-        return pattern.sub(entry, config)
-    return config.rstrip("\n") + "\n" + entry + "\n"
-
-
-def get_parameter(config: str, key: str, default: str = "") -> str:
-    """The ``string_value`` of parameter ``key`` in a pbtxt, or ``default``."""
-    match = re.search(
-        rf'key:\s*"{re.escape(key)}",?\s*value:\s*{{\s*string_value:\s*"((?:[^"\\]|\\.)*)"', config
-    )
-    return match.group(1) if match else default
-
-
-def without_dynamic_batching(config: str) -> str:
-    return re.sub(r"dynamic_batching\s*{[^}]*}\s*", "", config)
-
-
-def single_instance(config: str) -> str:
-    return re.sub(r"count:\s*\d+", "count: 1", config)
-
-
 def naive_repository(source: str | Path, destination: str | Path) -> Path:
     """Write baseline B's repository at ``destination`` from an exported ``source``.
 
@@ -97,15 +72,19 @@ def naive_repository(source: str | Path, destination: str | Path) -> Path:
     for model in sorted(p for p in source.iterdir() if (p / "config.pbtxt").is_file()):
         _copy_model(model, destination / model.name)
         config_path = destination / model.name / "config.pbtxt"
-        config = single_instance(without_dynamic_batching(config_path.read_text()))
+        config = configs.single_instance(
+            configs.without_dynamic_batching(configs.read(config_path))
+        )
         if model.name in ("facefusion", "txt2img"):
-            config = set_parameter(config, "scheduler", "ddim")
+            set_parameter(config, "scheduler", "ddim")
         if model.name == "prompt_optimizer":
-            config = set_parameter(config, "compress", "false")
+            set_parameter(config, "compress", "false")
         if model.name == "unet":
-            config = set_parameter(config, "onnx_file", "model.onnx")
-            config = set_parameter(config, "parallel_runs", "1")
+            set_parameter(config, "onnx_file", "model.onnx")
+            set_parameter(config, "parallel_runs", "1")
         if model.name == "text_encoder":
-            config = set_parameter(config, "cache_budget_bytes", "0")
-        config_path.write_text(config)
+            set_parameter(config, "cache_budget_bytes", "0")
+        configs.write(
+            config, config_path, f"facefuse.export.variants.naive_repository from {source}"
+        )
     return destination

@@ -11,16 +11,17 @@ import argparse
 import importlib
 import sys
 
-from facefuse.errors import FacefuseError
+from facefuse.core.errors import FacefuseError
 
 COMMAND_MODULES = (
     "facefuse.export.commands",  # export
-    "facefuse.server_commands",  # serve
-    "facefuse.demo",  # demo
+    "facefuse.serving.commands",  # serve
+    "facefuse.serving.demo",  # demo
     "facefuse.client.commands",  # fuse, txt2img
     "facefuse.prompt.commands",  # prompt, prompt-eval
     "facefuse.bench",  # bench ...
     "facefuse.quality.commands",  # quality
+    "facefuse.bench.fusion_eval_commands",  # fusion-eval
     "facefuse.face.commands",  # face-eval
     "facefuse.train.commands",  # train
 )

@@ -8,7 +8,7 @@ Run (headless, step load, CSV out; loopback only, bounded in time)::
 Options (environment variables, all optional):
 
 - ``FACEFUSE_IMAGES``: folder of JPEG/PNG photos used as sources and targets (default: the
-  photos that ship in installed wheels, see ``facefuse.samples``);
+  photos that ship in installed wheels, see ``facefuse.core.samples``);
 - ``FACEFUSE_PROMPTS``: text file of instructions, one per line (default: a built-in list);
 - ``FACEFUSE_BAD_SHARE``: share of deliberately malformed requests (no face, corrupt bytes),
   which must fail fast with HTTP 400 (default 0.05);
@@ -34,7 +34,8 @@ import tritonclient.http as httpclient
 from locust import LoadTestShape, User, between, events, task
 from PIL import Image
 
-from facefuse.samples import astronaut_png, grace_hopper_jpeg
+from facefuse.core import contract
+from facefuse.core.samples import astronaut_png, grace_hopper_jpeg
 
 DEFAULT_INSTRUCTIONS = [
     "make her smile, keep the glasses",
@@ -91,19 +92,10 @@ def _refuse_remote_hosts(environment, **_):
 
 
 def _inputs(source: bytes, target: bytes, instruction: str, steps: str | None):
-    tensors = [
-        ("SOURCE_IMAGE", np.array([source], dtype=object), "BYTES"),
-        ("TARGET_IMAGE", np.array([target], dtype=object), "BYTES"),
-        ("INSTRUCTION", np.array([instruction.encode()], dtype=object), "BYTES"),
-    ]
-    if steps:
-        tensors.append(("STEPS", np.array([int(steps)], dtype=np.int32), "INT32"))
-    inputs = []
-    for name, array, triton_type in tensors:
-        tensor = httpclient.InferInput(name, list(array.shape), triton_type)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
+    request = contract.facefusion_request(
+        source, target, instruction, steps=int(steps) if steps else None
+    )
+    return contract.infer_inputs(httpclient, contract.FACEFUSION, request)
 
 
 class FacefuseUser(User):
@@ -147,9 +139,9 @@ class FacefuseUser(User):
             started = time.perf_counter()
             try:
                 result = self.client.infer(
-                    "facefusion", _inputs(source, target, instruction, self.steps)
+                    contract.FACEFUSION.name, _inputs(source, target, instruction, self.steps)
                 )
-                png = result.as_numpy("IMAGE").reshape(-1)[0]
+                png = result.as_numpy(contract.IMAGE.name).reshape(-1)[0]
                 error = (
                     None if png[:8] == b"\x89PNG\r\n\x1a\n" else ValueError("IMAGE is not a PNG")
                 )
@@ -160,7 +152,9 @@ class FacefuseUser(User):
     def _malformed(self, name: str, source: bytes, target: bytes, instruction: str) -> None:
         started = time.perf_counter()
         try:
-            self.client.infer("facefusion", _inputs(source, target, instruction, self.steps))
+            self.client.infer(
+                contract.FACEFUSION.name, _inputs(source, target, instruction, self.steps)
+            )
             self._record(name, started, 0, AssertionError("malformed request was accepted"))
         except Exception as exc:
             status = str(getattr(exc, "status", lambda: "")())

@@ -78,13 +78,21 @@ def _bytes(data: bytes) -> dict:
     return {"b64": base64.b64encode(struct.pack("<I", len(data)) + data).decode()}
 
 
-def _floats(array: np.ndarray) -> dict:
+def _json_tensor(array: np.ndarray) -> dict:
+    """One tensor of a perf_analyzer input-data document."""
+    if array.dtype == object:
+        return _bytes(bytes(array.reshape(-1)[0]))
     return {"content": array.reshape(-1).tolist(), "shape": list(array.shape)}
 
 
+def _document(arrays: dict[str, np.ndarray]) -> dict:
+    return {name: _json_tensor(array) for name, array in arrays.items()}
+
+
 def input_data(model: str, manifest: dict) -> dict:
-    """One perf_analyzer input-data document for ``model``."""
-    from facefuse.samples import sample_pair
+    """One perf_analyzer input-data document for ``model``, its names from the contract."""
+    from facefuse.core import contract as c
+    from facefuse.core.samples import sample_pair
 
     source, target = sample_pair()
     rng = np.random.default_rng(0)
@@ -94,34 +102,29 @@ def input_data(model: str, manifest: dict) -> dict:
         manifest["text_dim"],
     )
     channels = manifest.get("latent_channels", 4)
-    instruction = _bytes(b"make her smile, keep the glasses, soft studio light")
+    instruction = "make her smile, keep the glasses, soft studio light"
     rows = {
-        "facefusion": {
-            "SOURCE_IMAGE": _bytes(source),
-            "TARGET_IMAGE": _bytes(target),
-            "INSTRUCTION": instruction,
-            "STEPS": {"content": [4], "shape": [1]},
-        },
+        "facefusion": c.facefusion_request(source, target, instruction, steps=4),
         "face_analyzer": {
-            "SOURCE_IMAGE": _bytes(source),
-            "TARGET_IMAGE": _bytes(target),
-            "SIZE": {"content": [size], "shape": [1]},
+            c.SOURCE_IMAGE.name: c.SOURCE_IMAGE.scalar(source),
+            c.TARGET_IMAGE.name: c.TARGET_IMAGE.scalar(target),
+            c.SIZE.name: c.SIZE.scalar(size),
         },
-        "prompt_optimizer": {"INSTRUCTION": instruction},
+        "prompt_optimizer": {c.INSTRUCTION.name: c.INSTRUCTION.scalar(instruction)},
         "text_encoder": {
-            "INPUT_IDS": {"content": [49406, 320, 1125, 49407] + [49407] * 73, "shape": [77]}
+            c.INPUT_IDS.name: np.array([49406, 320, 1125, 49407] + [49407] * 73, dtype=np.int64)
         },
-        "vae_encoder": {"image": _floats(rng.uniform(-1, 1, (3, size, size)).astype(np.float32))},
+        "vae_encoder": {c.PIXELS.name: rng.uniform(-1, 1, (3, size, size)).astype(np.float32)},
         "unet": {
-            "sample": _floats(rng.standard_normal((channels, latent, latent)).astype(np.float32)),
-            "timestep": {"content": [500.0], "shape": [1]},
-            "encoder_hidden_states": _floats(rng.standard_normal((77, dim)).astype(np.float32)),
+            c.SAMPLE.name: rng.standard_normal((channels, latent, latent)).astype(np.float32),
+            c.TIMESTEP.name: np.array([500.0], dtype=np.float32),
+            c.ENCODER_HIDDEN_STATES.name: rng.standard_normal((77, dim)).astype(np.float32),
         },
         "vae_decoder": {
-            "latent": _floats(rng.standard_normal((channels, latent, latent)).astype(np.float32))
+            c.LATENT.name: rng.standard_normal((channels, latent, latent)).astype(np.float32)
         },
     }
-    return {"data": [rows[model]]}
+    return {"data": [_document(rows[model])]}
 
 
 def run_model(
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             run_model(binary, libs, model, url, args, args.out, manifest)
 
     if args.start_server:
-        from facefuse.server import LocalTritonServer, ServerConfig
+        from facefuse.serving.server import LocalTritonServer, ServerConfig
 
         config = ServerConfig(repository=args.start_server)
         with LocalTritonServer(config, log_path=args.out / "tritonserver.log") as server:

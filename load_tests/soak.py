@@ -30,8 +30,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 STUB = "triton_python_backend_stub"
 INSTRUCTIONS = (
@@ -130,30 +128,23 @@ def user(index: int, url: str, args, tally: Tally, stop: threading.Event) -> Non
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    from facefuse.samples import sample_pair
+    from facefuse.core import contract
+    from facefuse.core.samples import sample_pair
 
     source, target = sample_pair()
     client = httpclient.InferenceServerClient(url, network_timeout=600)
-
-    def tensor(name, array, datatype):
-        item = httpclient.InferInput(name, list(array.shape), datatype)
-        item.set_data_from_numpy(array)
-        return item
 
     n = 0
     try:
         while not stop.is_set() and tally.total() < args.max_requests:
             instruction = INSTRUCTIONS[(index + n) % len(INSTRUCTIONS)]
-            inputs = [
-                tensor("SOURCE_IMAGE", np.array([source], dtype=object), "BYTES"),
-                tensor("TARGET_IMAGE", np.array([target], dtype=object), "BYTES"),
-                tensor("INSTRUCTION", np.array([instruction.encode()], dtype=object), "BYTES"),
-                tensor("STEPS", np.array([args.steps], dtype=np.int32), "INT32"),
-                tensor("SEED", np.array([index * 100_000 + n], dtype=np.int64), "INT64"),
-            ]
+            request = contract.facefusion_request(
+                source, target, instruction, steps=args.steps, seed=index * 100_000 + n
+            )
+            inputs = contract.infer_inputs(httpclient, contract.FACEFUSION, request)
             started = time.perf_counter()
             try:
-                client.infer("facefusion", inputs)
+                client.infer(contract.FACEFUSION.name, inputs)
                 with tally.lock:
                     tally.ok += 1
                     tally.latencies.append(time.perf_counter() - started)
@@ -263,7 +254,7 @@ def soak(args, url: str, server_pid: int, metrics_url: str | None) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.repository is not None:
-        from facefuse.server import LocalTritonServer, ServerConfig
+        from facefuse.serving.server import LocalTritonServer, ServerConfig
 
         args.out.mkdir(parents=True, exist_ok=True)
         config = ServerConfig(repository=args.repository)

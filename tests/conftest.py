@@ -33,6 +33,20 @@ def tiny_repository(tmp_path_factory, tiny_components) -> Path:
 
 @pytest.fixture(scope="session")
 def sample_images() -> tuple[bytes, bytes]:
-    from facefuse.samples import sample_pair
+    from facefuse.core.samples import sample_pair
 
     return sample_pair()
+
+
+# Fixtures that build (and export) the tiny model: tens of seconds the first time in a session.
+SLOW_FIXTURES = {"tiny_components", "tiny_repository"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """``slow``: integration tests and every test that needs the tiny model built; the
+    fast tier (``make test-fast``) is ``tests/unit -m "not slow"``."""
+    for item in items:
+        if item.get_closest_marker("integration") or SLOW_FIXTURES & set(
+            getattr(item, "fixturenames", ())
+        ):
+            item.add_marker(pytest.mark.slow)

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 from facefuse.bench.loadgen import LoadResult, run_closed_loop, tree_cpu_seconds
-from facefuse.metrics import sample_total, scrape
+from facefuse.core.contract import SOURCE_IMAGE, TARGET_IMAGE
+from facefuse.core.metrics import sample_total, scrape
 
 CONTENDERS = ("baseline-a", "baseline-b", "facefuse", "in-process")
 INSTRUCTION = (
@@ -166,7 +167,7 @@ def local_fusion(pipeline, source: bytes, target: bytes):
 
 
 def run_server_contender(repository: Path, levels, counts, steps, source, target) -> dict:
-    from facefuse.server import LocalTritonServer, ServerConfig
+    from facefuse.serving.server import LocalTritonServer, ServerConfig
 
     out = {}
     log = repository.parent / f"{repository.name}-server.log"
@@ -215,8 +216,8 @@ def run_baseline_a(model: str, levels, counts, source, target) -> dict:
 
     def call(index: int) -> None:
         with lock:
-            target_rgb = decode_image(target, "TARGET_IMAGE")
-            plan = prepare_fusion(decode_image(source, "SOURCE_IMAGE"), target_rgb, c.image_size)
+            target_rgb = decode_image(target, TARGET_IMAGE.name)
+            plan = prepare_fusion(decode_image(source, SOURCE_IMAGE.name), target_rgb, c.image_size)
             image = Image.fromarray((plan.composite * 255).astype(np.uint8))
             mask = Image.fromarray((plan.mask * 255).astype(np.uint8))
             fused = pipe(
@@ -246,15 +247,15 @@ def in_process_pipeline(repository: Path):
     from facefuse.diffusion.manifest import PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline
     from facefuse.diffusion.stages import local_stages
-    from facefuse.export.variants import get_parameter
+    from facefuse.export.configs import get_parameter, read
 
     manifest = PipelineManifest.load(repository / "facefusion" / "1" / "pipeline.json")
-    served = get_parameter((repository / "unet" / "config.pbtxt").read_text(), "onnx_file")
+    unet_config = read(repository / "unet" / "config.pbtxt")
+    served = get_parameter(unet_config, "onnx_file")
     template = get_parameter(
-        (repository / "prompt_optimizer" / "config.pbtxt").read_text(), "prompt_template"
+        read(repository / "prompt_optimizer" / "config.pbtxt"), "prompt_template"
     )
     variant = "int8" if served == "model.int8.onnx" else "fp32"
-    unet_config = (repository / "unet" / "config.pbtxt").read_text()
     unet_parts = (
         int(get_parameter(unet_config, "parallel_runs", "1")),
         int(get_parameter(unet_config, "intra_op_threads", "0")),
@@ -282,7 +283,7 @@ def measure_overhead(repository: Path, pairs: int, warm_concurrency: int, source
     server adds the gRPC transfers, the BLS calls between models and the batchers' waits."""
     import numpy as np
 
-    from facefuse.server import LocalTritonServer, ServerConfig
+    from facefuse.serving.server import LocalTritonServer, ServerConfig
 
     local = local_fusion(in_process_pipeline(repository), source, target)
     log = repository.parent / f"{repository.name}-overhead-server.log"
@@ -440,8 +441,8 @@ def run_round(model, repositories: dict[str, Path], chosen, levels, counts, inpu
 
 
 def run(args: argparse.Namespace) -> int:
+    from facefuse.core.samples import sample_pair
     from facefuse.export.variants import naive_repository
-    from facefuse.samples import sample_pair
 
     chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = sorted(set(chosen) - set(CONTENDERS))

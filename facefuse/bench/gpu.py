@@ -5,9 +5,9 @@ SD-1.5-shaped UNet (random weights, 860M parameters) at a 64x64 latent, batch 2 
 classifier-free-guidance step), PyTorch eager in FP32 and in FP16 (``.half()`` weights and
 inputs), calls interleaved and timed between ``torch.cuda.synchronize`` calls. It reports the
 median ms per step and the speed-up, the max abs difference of FP16 to FP32, the peak memory of
-each precision, the GPU and its free memory (``facefuse.memory.gpu_free``, NVML first) with the
-FP32-fallback decision that ``facefusion`` would take at load with ``fallback_margin_mb`` =
-``--margin-mib`` (``decide_gpu_variant``), and
+each precision, the GPU and its free memory (``facefuse.runtime.memory.gpu_free``, NVML
+first) with the FP32-fallback decision that ``facefusion`` would take at load with
+``fallback_margin_mb`` = ``--margin-mib`` (``decide_gpu_variant``), and
 whether TensorRT is importable (the engine is timed by ``trtexec`` on the exported plan where it
 is; this command says so instead of guessing a figure).
 
@@ -52,7 +52,7 @@ def register(subparsers) -> None:
 
 
 def _check(args) -> None:
-    from facefuse.errors import InvalidInput
+    from facefuse.core.errors import InvalidInput
 
     if args.iters < 1 or args.batch < 1:
         raise InvalidInput("--iters/--batch", "must be >= 1")
@@ -63,7 +63,7 @@ def _check(args) -> None:
 def _device(name: str):
     import torch
 
-    from facefuse.errors import InvalidInput
+    from facefuse.core.errors import InvalidInput
 
     try:
         device = torch.device(name)
@@ -87,8 +87,8 @@ def _tensorrt() -> str:
 def bench(args, log) -> dict:
     import torch
 
-    from facefuse.memory import MIB, decide_gpu_variant, gpu_free
     from facefuse.models.tiny import NAMED_SHAPES, SD15, build_unet
+    from facefuse.runtime.memory import MIB, decide_gpu_variant, gpu_free
 
     device = _device(args.device)
     cuda = device.type == "cuda"

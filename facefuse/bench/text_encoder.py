@@ -251,7 +251,7 @@ def _measure(name, ids, encoder, full_session, reference, batch: int = 1):
 def bench_shape(shape_name: str, args, log) -> dict:
     from facefuse.cache import CacheConfig, CachedTextEncoder, InMemoryMetrics
     from facefuse.export.text_encoder_kv import reference_outputs
-    from facefuse.runtime import SessionOptions, open_session
+    from facefuse.runtime.sessions import SessionOptions, open_session
 
     model, full_path, kv_dir = _prepare(shape_name, args.workdir, args.seed, log)
     full_session = open_session(full_path, SessionOptions(intra_op_threads=args.threads))
@@ -358,7 +358,7 @@ def run(args) -> int:
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [s for s in shapes if s not in ("tiny", "sd15")]
     if unknown or args.iters < 2:
-        from facefuse.errors import InvalidInput
+        from facefuse.core.errors import InvalidInput
 
         raise InvalidInput("--shapes/--iters", "shapes from tiny, sd15 and at least 2 iterations")
     report = {"shapes": [bench_shape(name, args, log) for name in shapes]}

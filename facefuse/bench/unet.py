@@ -16,7 +16,7 @@
    with the same parallel runs is timed too, so that the steps and precision gain alone shows.
 3. **Parallel runs** of the end-to-end model's UNet (fp32 and INT8 files, batches 2 and 8):
    one run on all threads against ``--parallel-runs`` row slices run side by side with the
-   threads shared out, as the served ``unet`` does (``facefuse.runtime.PartsRunner``);
+   threads shared out, as the served ``unet`` does (``facefuse.runtime.sessions.PartsRunner``);
    interleaved, ratio = one run / parallel runs, plus the max abs difference of the outputs.
 
 Prints ratios; ``--json`` prints the whole report.
@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from facefuse.bench import print_report, progress_log
+from facefuse.core.contract import ENCODER_HIDDEN_STATES, SAMPLE, TIMESTEP
 
 INSTRUCTION = "a smiling portrait, natural light, sharp focus"
 TARGET_UNET_VS_ORT = 1.2
@@ -88,7 +89,7 @@ def _stats(times_s: list[float]) -> dict[str, float]:
 
 
 def _threads(args) -> int:
-    from facefuse.runtime import usable_cores
+    from facefuse.runtime.sessions import usable_cores
 
     return args.threads or usable_cores()
 
@@ -167,7 +168,7 @@ def bench_sd15(args, log) -> dict:
     sample = rng.standard_normal((args.batch, 4, args.latent, args.latent)).astype(np.float32)
     timestep = np.array([500.0] * args.batch, dtype=np.float32)
     context = rng.standard_normal((args.batch, 77, SD15.text_hidden)).astype(np.float32)
-    feeds = {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
+    feeds = {SAMPLE.name: sample, TIMESTEP.name: timestep, ENCODER_HIDDEN_STATES.name: context}
 
     unet = build_unet(SD15, args.seed)
     tensors = [torch.from_numpy(a) for a in (sample, timestep, context)]
@@ -220,11 +221,11 @@ def bench_sd15(args, log) -> dict:
 
 def bench_e2e(args, log, repo: Path) -> dict:
     """End-to-end fusion configurations on the exported repository ``repo``."""
+    from facefuse.core.samples import sample_pair
     from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline, params_from
     from facefuse.diffusion.stages import local_stages
-    from facefuse.runtime import threads_per_part
-    from facefuse.samples import sample_pair
+    from facefuse.runtime.sessions import threads_per_part
 
     threads = _threads(args)
     log(f"[{args.e2e_model} e2e] repository {repo} (fp32 and INT8 UNet)")
@@ -337,8 +338,13 @@ PARTS_BATCHES = (2, 8)
 def bench_parts(args, log, folder: Path) -> dict:
     """One UNet run on all threads vs ``--parallel-runs`` slices side by side (served config),
     on the fp32 and INT8 files in the version folder ``folder``."""
-    from facefuse.runtime import PartsRunner, SessionOptions, open_session, threads_per_part
-    from facefuse.variants import onnx_file
+    from facefuse.runtime.sessions import (
+        PartsRunner,
+        SessionOptions,
+        open_session,
+        threads_per_part,
+    )
+    from facefuse.runtime.variants import onnx_file
 
     threads = _threads(args)
     parts = args.parallel_runs
@@ -357,11 +363,11 @@ def bench_parts(args, log, folder: Path) -> dict:
         hidden = single.get_inputs()[2].shape[2]
         for batch in PARTS_BATCHES:
             feeds = {
-                "sample": rng.standard_normal((batch, 4, args.latent, args.latent)).astype(
+                SAMPLE.name: rng.standard_normal((batch, 4, args.latent, args.latent)).astype(
                     np.float32
                 ),
-                "timestep": np.full((batch,), 500.0, dtype=np.float32),
-                "encoder_hidden_states": rng.standard_normal((batch, 77, hidden)).astype(
+                TIMESTEP.name: np.full((batch,), 500.0, dtype=np.float32),
+                ENCODER_HIDDEN_STATES.name: rng.standard_normal((batch, 77, hidden)).astype(
                     np.float32
                 ),
             }
@@ -434,7 +440,7 @@ def _verdict(report: dict) -> list[str]:
 def run(args) -> int:
     log = progress_log(args.json)
 
-    from facefuse.errors import InvalidInput
+    from facefuse.core.errors import InvalidInput
 
     if args.iters < 1 or args.e2e_iters < 1 or args.latent < 8 or args.latent % 8:
         raise InvalidInput(

@@ -33,13 +33,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from facefuse import metrics as names
 from facefuse.cache.health import HitRateWindow, MetricsSink, NullMetrics, PrefixFrequency
 from facefuse.cache.radix import CacheKey, PrefixKVCache, PrefixMatch
 from facefuse.cache.runtime import KvRuntime, StepOutput
-from facefuse.errors import InvalidInput, ModelLoadError
+from facefuse.core import metrics as names
+from facefuse.core.contract import INPUT_IDS
+from facefuse.core.errors import InvalidInput, ModelLoadError
 
-FIELD = "INPUT_IDS"
+FIELD = INPUT_IDS.name
 DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
 PARAMETER_PREFIX = "cache_"
 

@@ -12,7 +12,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from facefuse import metrics as names
+from facefuse.core import metrics as names
 
 # name -> (kind, description); kinds are pb_utils.MetricFamily attribute names.
 CACHE_METRICS: dict[str, tuple[str, str]] = {

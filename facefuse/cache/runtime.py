@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from facefuse.errors import ModelLoadError
-from facefuse.runtime import SessionOptions, open_session
+from facefuse.core.errors import ModelLoadError
+from facefuse.runtime.sessions import SessionOptions, open_session
 
 KV_PREFIX_FILE = "text_encoder_kv_prefix.onnx"
 KV_SUFFIX_FILE = "text_encoder_kv_suffix.onnx"

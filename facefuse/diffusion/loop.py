@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from facefuse.errors import FacefuseError
+from facefuse.core.errors import FacefuseError
 
 SCHEDULERS = ("dpm++", "ddim", "euler")
 DEFAULT_SCHEDULER = "dpm++"

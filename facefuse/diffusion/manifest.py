@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from facefuse.errors import ModelLoadError
+from facefuse.core.errors import ModelLoadError
 
 MANIFEST_NAME = "pipeline.json"
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from facefuse.core.contract import TARGET_IMAGE
+from facefuse.core.limits import DEFAULT_LIMITS, GenerationParams, Limits, check_params
 from facefuse.diffusion.loop import DEFAULT_SCHEDULER, LoopRequest, denoise, make_scheduler
 from facefuse.diffusion.manifest import PipelineManifest
-from facefuse.limits import DEFAULT_LIMITS, GenerationParams, Limits, check_params
 
 DEFAULT_STEPS = 20
 DEFAULT_STRENGTH = 0.5
@@ -201,7 +202,7 @@ class Pipeline:
 
         fused, mask, crop_box, info = self.fuse(source, target, instruction, params, **kwargs)
         started = time.perf_counter()
-        target_rgb = decode_image(target, "TARGET_IMAGE")
+        target_rgb = decode_image(target, TARGET_IMAGE.name)
         png = encode_png(
             paste_back(target_rgb, fused, FusionPlan.from_arrays(fused, mask, crop_box))
         )

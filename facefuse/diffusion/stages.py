@@ -1,68 +1,18 @@
-"""Two ways to build :class:`Stages`: BLS calls to the Triton models, or in-process sessions.
+"""In-process :class:`Stages`: ORT sessions on a repository's ONNX files, no server.
 
-Both run exactly the same library code on the same artefacts, so comparing them measures
-the server's overhead and nothing else.
+The served way (BLS calls to the Triton models) is ``facefuse.serving.triton_stages``; both
+run exactly the same library code on the same artefacts, so comparing them measures the
+server's overhead and nothing else.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from facefuse.core.contract import SOURCE_IMAGE, TARGET_IMAGE
 from facefuse.diffusion.pipeline import Stages
-
-
-def bls_stages(models: dict[str, str] | None = None) -> Stages:
-    """Stages that call the other models of the repository (inside a Python-backend stub).
-
-    ``models`` maps ``unet``/``vae_encoder``/``vae_decoder`` to the Triton model to call
-    (``facefuse.variants.variant_model_names``: A/B candidate, FP32 fallback)."""
-    from facefuse.triton_io import bls, bytes_array
-
-    names = {"unet": "unet", "vae_encoder": "vae_encoder", "vae_decoder": "vae_decoder"}
-    names.update({k: v for k, v in (models or {}).items() if k in names})
-
-    def analyze_faces(source: bytes, target: bytes, size: int):
-        out = bls(
-            "face_analyzer",
-            {
-                "SOURCE_IMAGE": bytes_array(source),
-                "TARGET_IMAGE": bytes_array(target),
-                "SIZE": np.array([size], dtype=np.int32),
-            },
-            ("COMPOSITE", "MASK", "CROP_BOX"),
-        )
-        return out["COMPOSITE"], out["MASK"], out["CROP_BOX"]
-
-    def optimize_prompt(instruction: str):
-        out = bls(
-            "prompt_optimizer",
-            {"INSTRUCTION": bytes_array(instruction.encode("utf-8"))},
-            ("PROMPT_IDS", "NEGATIVE_IDS", "INFO"),
-        )
-        return out["PROMPT_IDS"], out["NEGATIVE_IDS"], json.loads(out["INFO"].reshape(-1)[0])
-
-    def encode_text(ids: np.ndarray):
-        out = bls("text_encoder", {"INPUT_IDS": ids}, ("LAST_HIDDEN_STATE", "CACHE_HIT_TOKENS"))
-        return out["LAST_HIDDEN_STATE"], out["CACHE_HIT_TOKENS"].reshape(-1)
-
-    def encode_image(image: np.ndarray):
-        return bls(names["vae_encoder"], {"image": image}, ("latent",))["latent"]
-
-    def unet(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
-        inputs = {
-            "sample": sample,
-            "timestep": timestep.reshape(-1, 1).astype(np.float32),
-            "encoder_hidden_states": context,
-        }
-        return bls(names["unet"], inputs, ("noise_pred",))["noise_pred"]
-
-    def decode_latents(latents: np.ndarray):
-        return bls(names["vae_decoder"], {"latent": latents}, ("image",))["image"]
-
-    return Stages(analyze_faces, optimize_prompt, encode_text, encode_image, unet, decode_latents)
 
 
 def local_stages(
@@ -74,17 +24,22 @@ def local_stages(
 ) -> Stages:
     """The same stages in-process: ORT sessions on the repository's ONNX files, no server.
 
-    ``variant`` picks the precision files (``facefuse.variants.variant_files``); ``template``
-    is the prompt optimizer's fixed prefix (its ``prompt_template`` parameter);
+    ``variant`` picks the precision files (``facefuse.runtime.variants.variant_files``);
+    ``template`` is the prompt optimizer's fixed prefix (its ``prompt_template`` parameter);
     ``unet_parts`` = (parallel runs, threads each) runs the UNet as the served ``unet`` model
-    does with those parameters (``facefuse.runtime.PartsRunner``)."""
+    does with those parameters (``facefuse.runtime.sessions.PartsRunner``)."""
     from facefuse.face.fusion import prepare_fusion
     from facefuse.face.imageio import decode_image
-    from facefuse.memory import check_cpu_fits
     from facefuse.prompt.optimizer import optimize
     from facefuse.prompt.tokenizer import load_tokenizer
-    from facefuse.runtime import PartsRunner, SessionOptions, open_session, threads_per_part
-    from facefuse.variants import variant_files
+    from facefuse.runtime.memory import check_cpu_fits
+    from facefuse.runtime.sessions import (
+        PartsRunner,
+        SessionOptions,
+        open_session,
+        threads_per_part,
+    )
+    from facefuse.runtime.variants import variant_files
 
     root = Path(repository)
     parts, unet_threads = unet_parts or (1, intra_op_threads)
@@ -99,7 +54,7 @@ def local_stages(
 
     def analyze_faces(source: bytes, target: bytes, size: int):
         plan = prepare_fusion(
-            decode_image(source, "SOURCE_IMAGE"), decode_image(target, "TARGET_IMAGE"), size
+            decode_image(source, SOURCE_IMAGE.name), decode_image(target, TARGET_IMAGE.name), size
         )
         return plan.to_arrays()
 

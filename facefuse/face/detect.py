@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from facefuse.errors import ModelLoadError, NoFaceFound
+from facefuse.core.errors import ModelLoadError, NoFaceFound
 from facefuse.face import models
 from facefuse.face.imageio import PixelError
 from facefuse.face.landmarks import locate_eyes
@@ -272,7 +272,7 @@ def find_face(rgb: np.ndarray, stages: Sequence[str] | None = None) -> Face | No
 
 
 def detect_face(rgb: np.ndarray, field: str, stages: Sequence[str] | None = None) -> Face:
-    """The main face, or :class:`NoFaceFound` naming ``field`` (e.g. ``"SOURCE_IMAGE"``)."""
+    """The main face, or :class:`NoFaceFound` naming ``field`` (e.g. ``SOURCE_IMAGE``)."""
     face = find_face(rgb, stages)
     if face is None:
         raise NoFaceFound(field)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from facefuse.errors import InvalidInput
+from facefuse.core.errors import InvalidInput
 from facefuse.face.detect import default_stages, find_face_traced, warm_up
 from facefuse.face.imageio import decode_image
 

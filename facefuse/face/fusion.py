@@ -19,13 +19,14 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from facefuse.core.contract import SOURCE_IMAGE, TARGET_IMAGE
 from facefuse.face import detect, geometry
 from facefuse.face.color import match_color
 from facefuse.face.detect import Face, detect_face
 from facefuse.face.imageio import PixelError
 from facefuse.face.mask import feathered_ellipse
 
-SOURCE_FIELD, TARGET_FIELD = "SOURCE_IMAGE", "TARGET_IMAGE"
+SOURCE_FIELD, TARGET_FIELD = SOURCE_IMAGE.name, TARGET_IMAGE.name
 
 
 @dataclass
@@ -135,7 +136,7 @@ def prepare_fusion(
 ) -> FusionPlan:
     """Detect, align, colour-match and mask; see the module docstring.
 
-    Raises NoFaceFound("SOURCE_IMAGE") or NoFaceFound("TARGET_IMAGE") when a face is missing.
+    Raises NoFaceFound(SOURCE_FIELD) or NoFaceFound(TARGET_FIELD) when a face is missing.
     """
     if int(size) < 8:
         raise ValueError(f"prepare_fusion: size must be at least 8, got {size}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from facefuse.errors import ModelLoadError
+from facefuse.core.errors import ModelLoadError
 from facefuse.face import models
 
 # Where the eyes and nose sit in an upright face box, per detector (fractions of width and

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import cv2
 
-from facefuse.errors import ModelLoadError
+from facefuse.core.errors import ModelLoadError
 
 try:  # dlib is a dependency, but the Haar-only path must keep working without it
     import dlib

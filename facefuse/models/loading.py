@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from facefuse.errors import ModelLoadError
+from facefuse.core.errors import ModelLoadError
 
 SEEDED_NAMES = ("tiny", "mid")  # seeded random-weight models built on first use
 # trained models shipped inside the package (facefuse/models/<name>/)

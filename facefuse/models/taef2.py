@@ -154,7 +154,7 @@ def load_taef2(folder: str | Path) -> TinyAutoencoderF2:
     ``vae/`` written by :meth:`save_pretrained` (e.g. the shipped ``faces`` model)."""
     folder = Path(folder)
     if (folder / "config.json").is_file():
-        from facefuse.errors import ModelLoadError
+        from facefuse.core.errors import ModelLoadError
         from facefuse.models.vae import TAEF2, vae_class_name
 
         if vae_class_name(folder) != TAEF2:
@@ -169,7 +169,7 @@ def from_published(folder: str | Path) -> TinyAutoencoderF2:
     """Build the model from ``taef2_encoder.safetensors`` / ``taef2_decoder.safetensors``."""
     from safetensors.torch import load_file
 
-    from facefuse.errors import ModelLoadError
+    from facefuse.core.errors import ModelLoadError
 
     folder = Path(folder)
     model = TinyAutoencoderF2()

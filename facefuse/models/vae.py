@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from facefuse.errors import ModelLoadError
+from facefuse.core.errors import ModelLoadError
 
 KL, TAEF2 = "AutoencoderKL", "TinyAutoencoderF2"
 KINDS = (KL, TAEF2)

@@ -6,7 +6,7 @@ import functools
 import json
 import sys
 
-from facefuse.errors import InvalidInput
+from facefuse.core.errors import InvalidInput
 
 
 def register(subparsers) -> None:

@@ -47,6 +47,7 @@ from facefuse.prompt.lexicon import (
     NEGATIONS,
     TAG_ONLY,
 )
+from facefuse.prompt.tokenizer import count_tokens, embedded_tokenizer
 
 SEPARATORS = ("compact", ", ", " ")
 IDENTITY_TAG_MAX_WORDS = 6  # a longer tag is a scene, not an identity attribute
@@ -277,7 +278,6 @@ class _Canon:
 @functools.lru_cache(maxsize=4096)
 def _clip_length(phrase: str) -> int:
     """CLIP tokens of a boilerplate phrase (a member or a canonical form: a bounded set)."""
-    from facefuse.prompt.tokenizer import count_tokens, embedded_tokenizer
 
     return count_tokens(embedded_tokenizer(), phrase)
 

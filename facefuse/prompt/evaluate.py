@@ -26,9 +26,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from facefuse.errors import InvalidInput
+import numpy as np
+
+from facefuse.core.errors import InvalidInput
 from facefuse.prompt.compress import _BP_CLASS, _BP_RE, _SITE_CANON, _SITE_RE, normalize, split_tags
 from facefuse.prompt.lexicon import FUNCTION_WORDS, META_WORDS, NEGATIONS, TAG_ONLY
+from facefuse.prompt.optimizer import optimize_text
 from facefuse.prompt.tokenizer import MAX_LENGTH, count_tokens
 
 _WORD = re.compile(r"[a-z0-9]+|[^\W\d_a-z]+")  # latin words/numbers, or runs of other letters
@@ -121,7 +124,6 @@ def load_embedding_model():
 
 def embedding_similarity(model, originals: list[str], optimised: list[str]) -> list[float]:
     """Cosine similarity of each (original, optimised) pair of normalised embeddings."""
-    import numpy as np
 
     a = model.encode(originals, batch_size=64, normalize_embeddings=True)
     b = model.encode(optimised, batch_size=64, normalize_embeddings=True)
@@ -182,8 +184,6 @@ def evaluate(
     out of the figures.
     """
     if optimise is None:
-        from facefuse.prompt.optimizer import optimize_text
-
         optimise = optimize_text
     results: list[PromptResult] = []
     errors = 0

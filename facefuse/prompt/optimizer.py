@@ -5,7 +5,7 @@ Contract used by the ``prompt_optimizer`` Triton model and by the pipelines:
 ``negative_ids`` are lists of 77-token chunks of equal count (bos ... eos, padded), ready for
 the text encoder.
 
-The steps: validate the text (:func:`facefuse.limits.check_instruction`), parse edit clauses
+The steps: validate the text (:func:`facefuse.core.limits.check_instruction`), parse edit clauses
 into attributes (:func:`~facefuse.prompt.structured.parse_instruction`), render explicit
 attributes first (structured mode), compress the whole (:func:`~facefuse.prompt.compress.compress`),
 then account tokens. Past 75 tokens the prompt is either truncated, with a warning that names
@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from facefuse.errors import InvalidInput
-from facefuse.limits import check_instruction
+from facefuse.core.contract import INSTRUCTION
+from facefuse.core.errors import InvalidInput
+from facefuse.core.limits import check_instruction
 from facefuse.prompt.compress import compress, normalize
 from facefuse.prompt.structured import (
     DEFAULT_FACE_NEGATIVE,
@@ -148,7 +149,7 @@ def optimize(
         text = check_instruction(instruction)
     prompt, negatives, merged, result = _compose(text, attributes, style)
     if not prompt:
-        raise InvalidInput("INSTRUCTION", "has no describable content after optimisation")
+        raise InvalidInput(INSTRUCTION.name, "has no describable content after optimisation")
     negative = DEFAULT_NEGATIVE if negative_prompt is None else negative_prompt.strip()
     for item in negatives:
         if item not in negative.split(", "):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from facefuse.errors import InvalidInput
+from facefuse.core.errors import InvalidInput
 from facefuse.prompt.compress import normalize, split_tags
 
 DEFAULT_FACE_NEGATIVE = "blurry, deformed eyes, asymmetrical face, lowres, bad anatomy"

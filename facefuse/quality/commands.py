@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from facefuse.variants import PRECISIONS
+from facefuse.runtime.variants import PRECISIONS
 
 
 def register(subparsers) -> None:
@@ -55,13 +55,9 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
-    from facefuse.quality import fusion_eval_commands
-
-    fusion_eval_commands.register(subparsers)  # fusion-eval
-
 
 def run(args: argparse.Namespace) -> int:
-    from facefuse.errors import InvalidInput
+    from facefuse.core.errors import InvalidInput
     from facefuse.quality.gate import fixed_cases, run_gate
 
     if not 1 <= args.steps <= 100:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from facefuse.errors import InvalidInput
+from facefuse.core.errors import InvalidInput
 from facefuse.face.evaluate import IMAGE_SUFFIXES
 from facefuse.quality.metrics import PSNR_CAP_DB
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from facefuse.core.contract import TARGET_IMAGE
 from facefuse.quality.metrics import max_abs_diff, psnr, ssim
 
 DEFAULT_THRESHOLD_DB = 32.0
@@ -53,11 +54,11 @@ def fixed_cases() -> list[GateCase]:
     """The gate's inputs: sample pair both ways, a mirrored, a tone-graded (gamma 1.3,
     contrast 1.2) and an off-centre cropped target (deterministic variations), and one
     txt2img prompt; each with its own fixed seed."""
+    from facefuse.core.samples import sample_pair
     from facefuse.face.imageio import decode_image
-    from facefuse.samples import sample_pair
 
     grace, astronaut = sample_pair()
-    target = decode_image(astronaut, "TARGET_IMAGE")  # RGB uint8
+    target = decode_image(astronaut, TARGET_IMAGE.name)  # RGB uint8
     mirrored = _png(np.ascontiguousarray(target[:, ::-1]))
     graded = np.clip(((target / 255.0) ** 1.3 - 0.5) * 1.2 + 0.5, 0.0, 1.0)
     graded_png = _png((graded * 255.0 + 0.5).astype(np.uint8))

@@ -9,7 +9,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from facefuse.errors import InvalidInput
+from facefuse.core.errors import InvalidInput
 
 DEFAULT_DATA = Path("../shared/data")
 DEFAULT_TAEF2 = Path("../shared/weights/taef2")

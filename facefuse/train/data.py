@@ -21,7 +21,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from facefuse.errors import InvalidInput
+from facefuse.core.errors import InvalidInput
 from facefuse.face import geometry
 from facefuse.face.detect import find_face
 from facefuse.face.evaluate import image_files

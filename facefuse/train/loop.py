@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from facefuse.errors import InvalidInput, ModelLoadError
+from facefuse.core.errors import InvalidInput, ModelLoadError
 from facefuse.models.tiny import SD1_SCHEDULER
 from facefuse.prompt.optimizer import DEFAULT_NEGATIVE, encode_chunks
 from facefuse.prompt.tokenizer import BOS_ID, EOS_ID, MAX_LENGTH, VOCAB_SIZE, embedded_tokenizer

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="session")
 def server(tiny_repository, tmp_path_factory):
-    from facefuse.server import LocalTritonServer, ServerConfig
+    from facefuse.serving.server import LocalTritonServer, ServerConfig
 
     log = tmp_path_factory.mktemp("server") / "tritonserver.log"
     with LocalTritonServer(ServerConfig(repository=tiny_repository), log_path=log) as running:

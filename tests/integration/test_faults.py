@@ -36,10 +36,11 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from facefuse.metrics import sample_total, scrape
-from facefuse.server import (
+from facefuse.core.metrics import sample_total, scrape
+from facefuse.serving.server import (
     ADMIN_HEADER,
     GRPC_ADMIN_HEADER,
+    RESTRICTED_APIS,
     LocalTritonServer,
     ServerConfig,
     ServerError,
@@ -342,9 +343,10 @@ def test_corrupt_or_missing_onnx_fails_start_with_a_log_line_naming_the_file(
 
 
 def test_serve_is_loopback_only_and_restricts_admin_apis_by_default(tiny_repository, tmp_path):
-    """`facefuse serve` as a user runs it (one light model): the model-repository and
-    shared-memory APIs refuse callers without the admin key, over HTTP and gRPC, and every
-    listening socket of tritonserver is bound to 127.0.0.1."""
+    """`facefuse serve` as a user runs it (one light model): the model-repository,
+    shared-memory, logging and trace APIs refuse callers without the admin key (HTTP; the
+    model-repository API over gRPC too) and accept it, and every listening socket of
+    tritonserver is bound to 127.0.0.1."""
     repository = tmp_path / "model_repository"
     shutil.copytree(tiny_repository / "prompt_optimizer", repository / "prompt_optimizer")
     key = "k" * 32
@@ -374,13 +376,26 @@ def test_serve_is_loopback_only_and_restricts_admin_apis_by_default(tiny_reposit
             except urllib.error.HTTPError as exc:
                 return exc.code
 
-        assert post(index, {}) == 403
-        assert post(index, {ADMIN_HEADER: "wrong"}) == 403
-        assert post(index, {ADMIN_HEADER: key}) == 200
-        shm = f"http://{http}/v2/systemsharedmemory/status"
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(shm, timeout=30)
-        assert refused.value.code == 403
+        def get(url: str, headers: dict) -> int:
+            request = urllib.request.Request(url, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    return response.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        # each restricted API: refused without the key or with a wrong one, accepted with it
+        restricted = {
+            "model-repository": (post, f"http://{http}/v2/repository/index"),
+            "shared-memory": (get, f"http://{http}/v2/systemsharedmemory/status"),
+            "logging": (post, f"http://{http}/v2/logging"),
+            "trace": (get, f"http://{http}/v2/trace/setting"),
+        }
+        assert set(restricted) == set(RESTRICTED_APIS)
+        for api, (call, url) in restricted.items():
+            assert call(url, {}) == 403, api
+            assert call(url, {ADMIN_HEADER: "wrong"}) == 403, api
+            assert call(url, {ADMIN_HEADER: key}) == 200, api
         client = grpcclient.InferenceServerClient(grpc_port)
         try:
             with pytest.raises(InferenceServerException) as denied:

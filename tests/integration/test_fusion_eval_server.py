@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_fusion_eval_writes_report_and_sheet(server, tmp_path, capsys):
-    from facefuse.samples import write_samples
+    from facefuse.core.samples import write_samples
 
     photos = tmp_path / "photos"
     write_samples(photos)  # astronaut and Grace Hopper: pairs A->B and B->A

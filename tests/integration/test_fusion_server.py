@@ -14,7 +14,7 @@ from facefuse.client import Client, ClientError
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from facefuse.metrics import sample_total, scrape
+from facefuse.core.metrics import sample_total, scrape
 
 pytestmark = pytest.mark.integration
 

@@ -3,17 +3,13 @@ real tritonserver running this repository exports (checked against its /metrics 
 
 from __future__ import annotations
 
-import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 from facefuse.client import Client
 
-from facefuse import metrics
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-import deploy_helpers
+from facefuse.core import metrics
+from tests.unit.docker import deploy_helpers
 
 pytestmark = pytest.mark.integration
 

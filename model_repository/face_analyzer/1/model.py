@@ -4,10 +4,11 @@ import json
 
 import numpy as np
 
-from facefuse.errors import InvalidInput
+from facefuse.core.contract import COMPOSITE, CROP_BOX, MASK, SIZE, SOURCE_IMAGE, TARGET_IMAGE
+from facefuse.core.errors import InvalidInput
 from facefuse.face.fusion import prepare_fusion, warm_up
 from facefuse.face.imageio import decode_image
-from facefuse.triton_io import get_bytes, get_scalar, pb_utils, respond_each
+from facefuse.serving.triton_io import get_bytes, get_scalar, pb_utils, respond_each
 
 MIN_SIZE, MAX_SIZE = 64, 2048
 
@@ -19,17 +20,17 @@ class TritonPythonModel:
 
     def _handle(self, request):
         pb = pb_utils()
-        size = get_scalar(request, "SIZE", None, int)
+        size = get_scalar(request, SIZE.name, None, int)
         if size is None or not (MIN_SIZE <= size <= MAX_SIZE) or size % 8:
-            raise InvalidInput("SIZE", f"must be a multiple of 8 in {MIN_SIZE}..{MAX_SIZE}")
-        source = decode_image(get_bytes(request, "SOURCE_IMAGE"), "SOURCE_IMAGE")
-        target = decode_image(get_bytes(request, "TARGET_IMAGE"), "TARGET_IMAGE")
+            raise InvalidInput(SIZE.name, f"must be a multiple of 8 in {MIN_SIZE}..{MAX_SIZE}")
+        source = decode_image(get_bytes(request, SOURCE_IMAGE.name), SOURCE_IMAGE.name)
+        target = decode_image(get_bytes(request, TARGET_IMAGE.name), TARGET_IMAGE.name)
         composite, mask, crop_box = prepare_fusion(source, target, size).to_arrays()
         return pb.InferenceResponse(
             output_tensors=[
-                pb.Tensor("COMPOSITE", np.ascontiguousarray(composite, dtype=np.float32)),
-                pb.Tensor("MASK", np.ascontiguousarray(mask, dtype=np.float32)),
-                pb.Tensor("CROP_BOX", np.asarray(crop_box, dtype=np.int64)),
+                pb.Tensor(COMPOSITE.name, np.ascontiguousarray(composite, dtype=np.float32)),
+                pb.Tensor(MASK.name, np.ascontiguousarray(mask, dtype=np.float32)),
+                pb.Tensor(CROP_BOX.name, np.asarray(crop_box, dtype=np.int64)),
             ]
         )
 

@@ -1,20 +1,21 @@
 """facefusion: the BLS entry point; the orchestration lives in facefuse.diffusion.pipeline."""
 
+from facefuse.core.contract import IMAGE, INFO, INSTRUCTION, SOURCE_IMAGE, TARGET_IMAGE
+from facefuse.core.limits import check_instruction
 from facefuse.diffusion.pipeline import info_json
-from facefuse.limits import check_instruction
-from facefuse.triton_io import bytes_array, get_bytes, get_text, pb_utils, text_tensor
-from facefuse.triton_pipeline import PipelineTritonModel
+from facefuse.serving.triton_io import bytes_array, get_bytes, get_text, pb_utils, text_tensor
+from facefuse.serving.triton_pipeline import PipelineTritonModel
 
 
 class TritonPythonModel(PipelineTritonModel):
     def handle(self, request):
         pb = pb_utils()
         params = self.params(request)
-        instruction = check_instruction(get_text(request, "INSTRUCTION"))
-        source = get_bytes(request, "SOURCE_IMAGE")
+        instruction = check_instruction(get_text(request, INSTRUCTION.name))
+        source = get_bytes(request, SOURCE_IMAGE.name)
         png, info = self.pipeline.fuse_png(
             source,
-            get_bytes(request, "TARGET_IMAGE"),
+            get_bytes(request, TARGET_IMAGE.name),
             instruction,
             params,
             should_stop=self.should_stop(request),
@@ -22,7 +23,7 @@ class TritonPythonModel(PipelineTritonModel):
         )
         return pb.InferenceResponse(
             output_tensors=[
-                pb.Tensor("IMAGE", bytes_array(png)),
-                text_tensor("INFO", info_json(info)),
+                pb.Tensor(IMAGE.name, bytes_array(png)),
+                text_tensor(INFO.name, info_json(info)),
             ]
         )

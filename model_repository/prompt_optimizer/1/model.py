@@ -5,12 +5,20 @@ from pathlib import Path
 
 import numpy as np
 
-from facefuse import metrics
-from facefuse.errors import InvalidInput
-from facefuse.limits import check_optional_text
+from facefuse.core import metrics
+from facefuse.core.contract import (
+    INFO,
+    INSTRUCTION,
+    NEGATIVE_IDS,
+    NEGATIVE_PROMPT,
+    OVERFLOW,
+    PROMPT_IDS,
+)
+from facefuse.core.errors import InvalidInput
+from facefuse.core.limits import check_optional_text
 from facefuse.prompt.optimizer import OVERFLOW_MODES, optimize
 from facefuse.prompt.tokenizer import embedded_tokenizer, load_tokenizer
-from facefuse.triton_io import TritonMetric, get_text, json_tensor, pb_utils, respond_each
+from facefuse.serving.triton_io import TritonMetric, get_text, json_tensor, pb_utils, respond_each
 
 
 class TritonPythonModel:
@@ -35,12 +43,12 @@ class TritonPythonModel:
 
     def _handle(self, request):
         pb = pb_utils()
-        instruction = get_text(request, "INSTRUCTION")
-        overflow = get_text(request, "OVERFLOW", required=False) or "truncate"
+        instruction = get_text(request, INSTRUCTION.name)
+        overflow = get_text(request, OVERFLOW.name, required=False) or "truncate"
         if overflow not in OVERFLOW_MODES:
-            raise InvalidInput("OVERFLOW", f"must be one of {', '.join(OVERFLOW_MODES)}")
+            raise InvalidInput(OVERFLOW.name, f"must be one of {', '.join(OVERFLOW_MODES)}")
         negative = check_optional_text(
-            get_text(request, "NEGATIVE_PROMPT", required=False), "NEGATIVE_PROMPT"
+            get_text(request, NEGATIVE_PROMPT.name, required=False), NEGATIVE_PROMPT.name
         )
         result = optimize(
             instruction,
@@ -54,9 +62,9 @@ class TritonPythonModel:
         self.tokens_after.increment(result.tokens_after)
         return pb.InferenceResponse(
             output_tensors=[
-                pb.Tensor("PROMPT_IDS", np.asarray(result.prompt_ids, dtype=np.int64)),
-                pb.Tensor("NEGATIVE_IDS", np.asarray(result.negative_ids, dtype=np.int64)),
-                json_tensor("INFO", result.info()),
+                pb.Tensor(PROMPT_IDS.name, np.asarray(result.prompt_ids, dtype=np.int64)),
+                pb.Tensor(NEGATIVE_IDS.name, np.asarray(result.negative_ids, dtype=np.int64)),
+                json_tensor(INFO.name, result.info()),
             ]
         )
 

@@ -17,10 +17,11 @@ import numpy as np
 from facefuse.cache.encoder import CacheConfig, CachedTextEncoder
 from facefuse.cache.health import TritonMetricsSink
 from facefuse.cache.runtime import KV_MANIFEST_FILE
-from facefuse.errors import InvalidInput, ModelLoadError
+from facefuse.core.contract import INPUT_IDS, TEXT_ENCODER
+from facefuse.core.errors import InvalidInput, ModelLoadError
 from facefuse.prompt.tokenizer import VOCAB_SIZE
-from facefuse.triton_io import pb_utils
-from facefuse.triton_onnx import OnnxTritonModel
+from facefuse.serving.triton_io import pb_utils
+from facefuse.serving.triton_onnx import OnnxTritonModel
 
 log = logging.getLogger("facefuse.triton")
 
@@ -33,8 +34,8 @@ def _tokenize(text: str) -> list[int]:
 
 
 class TritonPythonModel(OnnxTritonModel):
-    INPUTS = ("INPUT_IDS",)
-    OUTPUTS = ("LAST_HIDDEN_STATE", "POOLED", "CACHE_HIT_TOKENS")
+    INPUTS = TEXT_ENCODER.input_names
+    OUTPUTS = TEXT_ENCODER.output_names
 
     def initialize(self, args: dict) -> None:
         super().initialize(args)
@@ -59,9 +60,9 @@ class TritonPythonModel(OnnxTritonModel):
         self.session = None
 
     def _inputs(self, request):
-        ids = super()._inputs(request)["INPUT_IDS"]
+        ids = super()._inputs(request)[INPUT_IDS.name]
         if ids.min() < 0 or ids.max() >= VOCAB_SIZE:
-            raise InvalidInput("INPUT_IDS", f"token ids must be in 0..{VOCAB_SIZE - 1}")
+            raise InvalidInput(INPUT_IDS.name, f"token ids must be in 0..{VOCAB_SIZE - 1}")
         return {"input_ids": ids}
 
     def _forward(self, feeds):

@@ -2,23 +2,24 @@
 
 import numpy as np
 
+from facefuse.core.contract import IMAGE, INFO, PROMPT
+from facefuse.core.limits import check_instruction
 from facefuse.diffusion.pipeline import info_json
 from facefuse.face.imageio import encode_png
-from facefuse.limits import check_instruction
-from facefuse.triton_io import bytes_array, get_text, pb_utils, text_tensor
-from facefuse.triton_pipeline import PipelineTritonModel
+from facefuse.serving.triton_io import bytes_array, get_text, pb_utils, text_tensor
+from facefuse.serving.triton_pipeline import PipelineTritonModel
 
 
 class TritonPythonModel(PipelineTritonModel):
     def handle(self, request):
         pb = pb_utils()
         params = self.params(request, with_strength=False)
-        prompt = check_instruction(get_text(request, "PROMPT"), field="PROMPT")
+        prompt = check_instruction(get_text(request, PROMPT.name), field=PROMPT.name)
         image, info = self.pipeline.txt2img(prompt, params, should_stop=self.should_stop(request))
         png = encode_png((image * 255.0 + 0.5).astype(np.uint8))
         return pb.InferenceResponse(
             output_tensors=[
-                pb.Tensor("IMAGE", bytes_array(png)),
-                text_tensor("INFO", info_json(info)),
+                pb.Tensor(IMAGE.name, bytes_array(png)),
+                text_tensor(INFO.name, info_json(info)),
             ]
         )

@@ -1,0 +1,237 @@
+"""The tensor contract of every Triton model, written once.
+
+Each :class:`Tensor` says a name, a Triton dtype, its dims (without the batch dimension of a
+model with ``max_batch_size`` > 0), whether it is optional, its default and its range; each
+:class:`Model` lists its inputs and outputs. The Triton ``model.py`` stubs, the config
+generator (``facefuse.export.configs``), the client, Locust, the perf_analyzer input files,
+the soak script and the benches all read names from here, and build a facefusion or txt2img
+request with :func:`facefusion_request` / :func:`txt2img_request`.
+
+Latent channel dims are -1 (variable): the SD 1.x VAE has 4 latent channels, other VAEs more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from facefuse.core.limits import DEFAULT_LIMITS, check_instruction, check_params
+
+NUMPY_DTYPES = {
+    "BYTES": np.object_,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP32": np.float32,
+}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One named tensor of a model's signature."""
+
+    name: str
+    dtype: str  # Triton dtype as clients spell it: BYTES, INT32, INT64, FP32
+    dims: tuple[int, ...]  # -1: variable; no batch dimension
+    optional: bool = False
+    default: int | float | None = None
+    range: tuple[int | float, int | float] | None = None  # inclusive bounds of a scalar
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in NUMPY_DTYPES:
+            raise ValueError(f"{self.name}: dtype {self.dtype!r} not in {sorted(NUMPY_DTYPES)}")
+        if self.default is not None and not self.optional:
+            raise ValueError(f"{self.name}: only an optional tensor has a default")
+
+    @property
+    def numpy_dtype(self) -> type:
+        return NUMPY_DTYPES[self.dtype]
+
+    @property
+    def config_dtype(self) -> str:
+        """The ``data_type`` of a config.pbtxt (``TYPE_STRING`` for BYTES)."""
+        return "TYPE_STRING" if self.dtype == "BYTES" else f"TYPE_{self.dtype}"
+
+    def scalar(self, value) -> np.ndarray:
+        """A one-element tensor (shape [1]) of this dtype; text is UTF-8 encoded."""
+        if self.dtype == "BYTES" and isinstance(value, str):
+            value = value.encode("utf-8")
+        return np.array([value], dtype=self.numpy_dtype)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A Triton model's name, signature and batching."""
+
+    name: str
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    max_batch_size: int = 0
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+    def tensor(self, name: str) -> Tensor:
+        for tensor in self.inputs + self.outputs:
+            if tensor.name == name:
+                return tensor
+        raise KeyError(f"{self.name} has no tensor {name!r}")
+
+
+_L = DEFAULT_LIMITS
+
+# --- request fields of the pipelines ----------------------------------------------------------
+SOURCE_IMAGE = Tensor("SOURCE_IMAGE", "BYTES", (1,), doc="face A: PNG, JPEG or WebP bytes")
+TARGET_IMAGE = Tensor("TARGET_IMAGE", "BYTES", (1,), doc="image B: PNG, JPEG or WebP bytes")
+INSTRUCTION = Tensor("INSTRUCTION", "BYTES", (1,), doc="what to do, UTF-8")
+PROMPT = Tensor("PROMPT", "BYTES", (1,), doc="txt2img prompt, UTF-8")
+STEPS = Tensor("STEPS", "INT32", (1,), True, 20, (_L.min_steps, _L.max_steps))
+STRENGTH = Tensor("STRENGTH", "FP32", (1,), True, 0.5, (_L.min_strength, _L.max_strength))
+GUIDANCE = Tensor("GUIDANCE", "FP32", (1,), True, 7.5, (_L.min_guidance, _L.max_guidance))
+SEED = Tensor("SEED", "INT64", (1,), True, 0, (0, _L.max_seed))
+IMAGE = Tensor("IMAGE", "BYTES", (1,), doc="the result as PNG bytes")
+INFO = Tensor("INFO", "BYTES", (1,), doc="JSON: tokens, cache hits, steps, per-stage ms")
+
+# --- prompt_optimizer ---------------------------------------------------------------------------
+OVERFLOW = Tensor("OVERFLOW", "BYTES", (1,), optional=True)
+NEGATIVE_PROMPT = Tensor("NEGATIVE_PROMPT", "BYTES", (1,), optional=True)
+PROMPT_IDS = Tensor("PROMPT_IDS", "INT64", (-1, 77))
+NEGATIVE_IDS = Tensor("NEGATIVE_IDS", "INT64", (-1, 77))
+
+# --- text_encoder ---------------------------------------------------------------------------
+INPUT_IDS = Tensor("INPUT_IDS", "INT64", (77,))
+LAST_HIDDEN_STATE = Tensor("LAST_HIDDEN_STATE", "FP32", (77, -1))
+POOLED = Tensor("POOLED", "FP32", (-1,))
+CACHE_HIT_TOKENS = Tensor("CACHE_HIT_TOKENS", "INT32", (1,))
+
+# --- face_analyzer ------------------------------------------------------------------------------
+SIZE = Tensor("SIZE", "INT32", (1,), doc="working size in pixels")
+COMPOSITE = Tensor("COMPOSITE", "FP32", (-1, -1, 3))
+MASK = Tensor("MASK", "FP32", (-1, -1))
+CROP_BOX = Tensor("CROP_BOX", "INT64", (4,))
+
+# --- ONNX-serving models: the names are the exported graphs' own ------------------------------
+SAMPLE = Tensor("sample", "FP32", (-1, -1, -1))  # latent channels, height, width
+TIMESTEP = Tensor("timestep", "FP32", (1,))
+ENCODER_HIDDEN_STATES = Tensor("encoder_hidden_states", "FP32", (-1, -1))
+NOISE_PRED = Tensor("noise_pred", "FP32", (-1, -1, -1))
+PIXELS = Tensor("image", "FP32", (3, -1, -1))
+LATENT = Tensor("latent", "FP32", (-1, -1, -1))
+
+FACEFUSION = Model(
+    "facefusion",
+    (SOURCE_IMAGE, TARGET_IMAGE, INSTRUCTION, STEPS, STRENGTH, GUIDANCE, SEED),
+    (IMAGE, INFO),
+)
+TXT2IMG = Model("txt2img", (PROMPT, STEPS, GUIDANCE, SEED), (IMAGE, INFO))
+PROMPT_OPTIMIZER = Model(
+    "prompt_optimizer",
+    (INSTRUCTION, OVERFLOW, NEGATIVE_PROMPT),
+    (PROMPT_IDS, NEGATIVE_IDS, INFO),
+)
+TEXT_ENCODER = Model(
+    "text_encoder", (INPUT_IDS,), (LAST_HIDDEN_STATE, POOLED, CACHE_HIT_TOKENS), max_batch_size=16
+)
+FACE_ANALYZER = Model(
+    "face_analyzer", (SOURCE_IMAGE, TARGET_IMAGE, SIZE), (COMPOSITE, MASK, CROP_BOX)
+)
+UNET = Model("unet", (SAMPLE, TIMESTEP, ENCODER_HIDDEN_STATES), (NOISE_PRED,), max_batch_size=16)
+VAE_ENCODER = Model("vae_encoder", (PIXELS,), (LATENT,), max_batch_size=4)
+VAE_DECODER = Model("vae_decoder", (LATENT,), (PIXELS,), max_batch_size=4)
+
+MODELS = {
+    m.name: m
+    for m in (
+        FACEFUSION,
+        TXT2IMG,
+        PROMPT_OPTIMIZER,
+        TEXT_ENCODER,
+        FACE_ANALYZER,
+        UNET,
+        VAE_ENCODER,
+        VAE_DECODER,
+    )
+}
+
+
+def _params(model: Model, **values) -> dict[str, np.ndarray]:
+    """The optional scalars that are given, validated together with the defaults of the rest."""
+    check_params(
+        *(
+            model_default if (v := values.get(name)) is None else v
+            for name, model_default in (
+                ("steps", STEPS.default),
+                ("strength", STRENGTH.default),
+                ("guidance", GUIDANCE.default),
+                ("seed", SEED.default),
+            )
+        )
+    )
+    tensors = {}
+    for tensor in model.inputs:
+        value = values.get(tensor.name.lower())
+        if tensor.optional and value is not None:
+            tensors[tensor.name] = tensor.scalar(value)
+    return tensors
+
+
+def facefusion_request(
+    source: bytes,
+    target: bytes,
+    instruction: str,
+    steps: int | None = None,
+    strength: float | None = None,
+    guidance: float | None = None,
+    seed: int | None = None,
+) -> dict[str, np.ndarray]:
+    """name -> array of one ``facefusion`` request, validated as the server validates it.
+
+    Absent parameters are not sent (the server applies the defaults of this contract)."""
+    tensors = {
+        SOURCE_IMAGE.name: SOURCE_IMAGE.scalar(source),
+        TARGET_IMAGE.name: TARGET_IMAGE.scalar(target),
+        INSTRUCTION.name: INSTRUCTION.scalar(check_instruction(instruction, INSTRUCTION.name)),
+    }
+    tensors.update(
+        _params(FACEFUSION, steps=steps, strength=strength, guidance=guidance, seed=seed)
+    )
+    return tensors
+
+
+def txt2img_request(
+    prompt: str,
+    steps: int | None = None,
+    guidance: float | None = None,
+    seed: int | None = None,
+) -> dict[str, np.ndarray]:
+    """name -> array of one ``txt2img`` request, validated as the server validates it."""
+    tensors = {PROMPT.name: PROMPT.scalar(check_instruction(prompt, PROMPT.name))}
+    tensors.update(_params(TXT2IMG, steps=steps, guidance=guidance, seed=seed))
+    return tensors
+
+
+def triton_dtype(model: Model, name: str) -> str:
+    """The Triton dtype a client declares for input ``name`` of ``model``."""
+    return model.tensor(name).dtype
+
+
+def infer_inputs(module, model: Model, arrays: dict[str, np.ndarray]) -> list:
+    """tritonclient ``InferInput`` objects for ``arrays`` (``module``: tritonclient.http,
+    tritonclient.grpc or their aio variants; passed in so that core imports no client)."""
+    inputs = []
+    for name, array in arrays.items():
+        tensor = module.InferInput(name, list(array.shape), triton_dtype(model, name))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def requested_outputs(module, model: Model) -> list:
+    """``InferRequestedOutput`` for every output of ``model``."""
+    return [module.InferRequestedOutput(name) for name in model.output_names]

@@ -1,0 +1,4 @@
+"""Runtime: ONNX Runtime sessions and real batching, memory checks, precision variants.
+
+Imports only ``facefuse.core``; no Triton module.
+"""

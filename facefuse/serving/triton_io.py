@@ -1,0 +1,144 @@
+"""Thin helpers for the Python-backend ``model.py`` adapters (import only inside a stub).
+
+One place maps facefuse errors to Triton errors: :class:`InvalidInput` becomes INVALID_ARG
+(HTTP 400 / gRPC INVALID_ARGUMENT) with the message tagged for BLS callers; anything else
+becomes INTERNAL with a one-line message (no traceback reaches the client).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from facefuse.core.errors import InvalidInput, tag_invalid, untag_invalid
+from facefuse.diffusion.loop import DenoiseCancelled
+
+log = logging.getLogger("facefuse.triton")
+
+
+def pb_utils():
+    import triton_python_backend_utils  # only importable inside the Python-backend stub
+
+    return triton_python_backend_utils
+
+
+def get_array(request, name: str) -> np.ndarray | None:
+    tensor = pb_utils().get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def get_bytes(request, name: str, required: bool = True) -> bytes | None:
+    """The single BYTES element of input ``name`` (shape [1] or [1, 1])."""
+    array = get_array(request, name)
+    if array is None:
+        if required:
+            raise InvalidInput(name, "is required")
+        return None
+    if array.size != 1:
+        raise InvalidInput(name, f"must hold exactly one element, got {array.size}")
+    value = array.reshape(-1)[0]
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def get_text(request, name: str, required: bool = True) -> str | None:
+    data = get_bytes(request, name, required)
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(name, "must be UTF-8 text") from exc
+
+
+def get_scalar(request, name: str, default, cast: Callable):
+    array = get_array(request, name)
+    if array is None:
+        return default
+    if array.size != 1:
+        raise InvalidInput(name, f"must hold exactly one value, got {array.size}")
+    return cast(array.reshape(-1)[0])
+
+
+def text_tensor(name: str, text: str):
+    return pb_utils().Tensor(name, np.array([text.encode("utf-8")], dtype=np.object_))
+
+
+def json_tensor(name: str, payload: dict):
+    return text_tensor(name, json.dumps(payload, sort_keys=True))
+
+
+def error_response(exc: BaseException, model: str):
+    pb = pb_utils()
+    if isinstance(exc, InvalidInput):
+        return pb.InferenceResponse(
+            error=pb.TritonError(tag_invalid(str(exc)), pb.TritonError.INVALID_ARG)
+        )
+    if isinstance(exc, DenoiseCancelled):  # the client cancelled: no traceback, not a fault
+        log.warning("%s: %s", model, exc)
+        code = getattr(pb.TritonError, "CANCELLED", pb.TritonError.UNAVAILABLE)
+        return pb.InferenceResponse(error=pb.TritonError(f"{model}: {exc}", code))
+    log.exception("%s: request failed", model)
+    message = f"{model}: internal error: {type(exc).__name__}: {exc}".splitlines()[0]
+    return pb.InferenceResponse(error=pb.TritonError(message))
+
+
+def respond_each(requests: Sequence, handler: Callable, model: str) -> list:
+    """Call ``handler(request) -> InferenceResponse`` per request; errors stay per request."""
+    responses = []
+    for request in requests:
+        try:
+            responses.append(handler(request))
+        except Exception as exc:  # the boundary: every failure becomes one clean response
+            responses.append(error_response(exc, model))
+    return responses
+
+
+def bls(model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    """Call ``model`` synchronously; user errors come back as InvalidInput, others name it."""
+    pb = pb_utils()
+    tensors = [pb.Tensor(name, value) for name, value in inputs.items()]
+    request = pb.InferenceRequest(
+        model_name=model, inputs=tensors, requested_output_names=list(outputs)
+    )
+    response = request.exec()
+    if response.has_error():
+        message = response.error().message()
+        user_message = untag_invalid(message)
+        if user_message is not None:
+            field, _, expectation = user_message.partition(": ")
+            raise InvalidInput(field, expectation)
+        raise RuntimeError(f"call to model '{model}' failed: {message}")
+    return {name: pb.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
+
+
+def bytes_array(data: bytes) -> np.ndarray:
+    return np.array([data], dtype=np.object_)
+
+
+class TritonMetric:
+    """A custom metric family that keeps itself alive next to its metrics (Triton invalidates a
+    metric whose ``MetricFamily`` object was garbage-collected): hold this object, not the
+    metric. ``kind`` is "counter" or "gauge"; ``labels`` are the default labels."""
+
+    def __init__(self, name: str, description: str, kind: str = "counter", **labels: str):
+        family = pb_utils().MetricFamily
+        kinds = {"counter": family.COUNTER, "gauge": family.GAUGE}
+        self.family = family(name=name, description=description, kind=kinds[kind])
+        self.labels = labels
+        self._metrics: dict[tuple, object] = {}
+
+    def labeled(self, **labels: str):
+        merged = {**self.labels, **labels}
+        key = tuple(sorted(merged.items()))
+        if key not in self._metrics:
+            self._metrics[key] = self.family.Metric(labels=merged)
+        return self._metrics[key]
+
+    def increment(self, value: float = 1, **labels: str) -> None:
+        self.labeled(**labels).increment(value)
+
+    def set(self, value: float, **labels: str) -> None:
+        self.labeled(**labels).set(value)

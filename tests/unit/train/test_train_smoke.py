@@ -1,0 +1,133 @@
+"""``facefuse train``: crops, captions, a 2-step smoke run, resume, refusals, atomic folders.
+
+The smoke run trains on photos that ship inside installed packages, with the TAEF2 weights of
+the shipped ``faces`` model, so it needs nothing from ../shared.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from facefuse.cli import main
+from facefuse.core.errors import InvalidInput
+from facefuse.core.samples import astronaut_png, grace_hopper_jpeg
+from facefuse.models.loading import embedded_model, load_components
+from facefuse.train import data
+
+TAEF2 = embedded_model("faces") / "vae"
+SMOKE = [
+    *("--steps", "2", "--batch", "2", "--augmentations", "1", "--heldout", "0"),
+    *("--checkpoint-every", "1", "--sample-steps", "2", "--no-progress", "--threads", "1"),
+]
+
+
+def _data_folder(root: Path) -> Path:
+    """A folder shaped like ../shared/data: one London person and one portrait."""
+    for kind, image in (("neutral", astronaut_png()), ("smiling", grace_hopper_jpeg())):
+        (root / data.LONDON / kind).mkdir(parents=True)
+        (root / data.LONDON / kind / "001.jpg").write_bytes(image)
+    (root / data.PORTRAITS).mkdir()
+    (root / data.PORTRAITS / "001.jpg").write_bytes(grace_hopper_jpeg())
+    return root
+
+
+def test_split_holds_out_a_seeded_disjoint_set():
+    people = [f"{i:03d}" for i in range(82)]
+    train, heldout = data.split_people(people, 16, seed=0)
+    assert len(heldout) == 16 and not set(train) & set(heldout)
+    assert data.split_people(people, 16, seed=0) == (train, heldout)
+    with pytest.raises(InvalidInput, match="--heldout"):
+        data.split_people(people, 82, seed=0)
+
+
+def test_collect_photos_never_reads_heldout_people(tmp_path):
+    root = _data_folder(tmp_path)
+    kinds = sorted(p.kind for p in data.collect_photos(root, heldout=[]))
+    assert kinds == ["neutral", "portrait", "smiling"]
+    assert [p.kind for p in data.collect_photos(root, heldout=["001"])] == ["portrait"]
+    with pytest.raises(InvalidInput, match=r"--data.*not a directory"):
+        data.collect_photos(tmp_path / "missing", [])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidInput, match="no photos found"):
+        data.collect_photos(tmp_path / "empty", [])
+
+
+def test_crops_are_the_pipelines_crop_and_augmentation_moves_them(tmp_path):
+    photo = data.Photo(tmp_path / "a.png", data.PORTRAITS, "a", "portrait")
+    photo.path.write_bytes(astronaut_png())
+    item = data.locate(photo, 128)
+    plain = data.crop(item, 128)
+    assert plain.shape == (128, 128, 3) and plain.dtype == np.float32
+    from tests.unit.models.test_faces_model import _face_crop
+
+    assert np.abs(plain - _face_crop(128)).mean() < 0.02  # same box, same resampling family
+    augmented = data.crop(item, 128, np.random.default_rng(0))
+    assert augmented.shape == plain.shape and np.abs(augmented - plain).mean() > 0.01
+
+
+def test_unreadable_photo_names_the_file(tmp_path):
+    bad = data.Photo(tmp_path / "bad.jpg", data.PORTRAITS, "bad", "portrait")
+    bad.path.write_bytes(b"not an image")
+    with pytest.raises(InvalidInput, match=r"bad\.jpg"):
+        data.locate(bad, 128)
+
+
+def test_captions_keep_their_kind_words():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        text = data.caption("smiling", rng)
+        assert "smil" in text
+        assert "smil" not in data.caption("neutral", rng)
+
+
+def test_two_step_smoke_run_writes_a_model_that_loads_and_resumes(tmp_path, capsys):
+    root = _data_folder(tmp_path / "data")
+    run, out = tmp_path / "run", tmp_path / "model"
+    args = ["train", "--data", str(root), "--taef2", str(TAEF2), "--run", str(run)]
+    assert main([*args, "--out", str(out), *SMOKE]) == 0
+    for name in ("checkpoint.pt", "latents.npz", "loss.png", "log.csv", "samples/step-000002.png"):
+        assert (run / name).is_file(), name
+    components = load_components(out)
+    assert components.latent_channels == 32 and components.image_size == 128
+    training = json.loads((out / "training.json").read_text())
+    assert training["config"]["steps"] == 2 and training["photos"] == 3
+    assert "CC BY 4.0" in (out / "README.md").read_text()
+    # the same command again resumes at the end: no step is trained twice
+    before = (run / "checkpoint.pt").stat().st_mtime_ns
+    assert main([*args, *SMOKE]) == 0
+    assert "resumed" in (run / "train.log").read_text()
+    assert (run / "checkpoint.pt").stat().st_mtime_ns == before
+    # another configuration is refused, naming the field
+    assert main([*args, *SMOKE, "--lr", "0.001"]) == 2
+    assert "lr: 0.0003 vs 0.001" in capsys.readouterr().err
+
+
+def test_interrupted_model_write_leaves_no_folder_that_loads(tmp_path, monkeypatch):
+    from facefuse.train import folder as folder_module
+
+    root = _data_folder(tmp_path / "data")
+    out = tmp_path / "model"
+
+    def fail(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(folder_module, "save_tokenizer_files", fail)
+    args = ["train", "--data", str(root), "--taef2", str(TAEF2), "--run", str(tmp_path / "run")]
+    assert main([*args, "--out", str(out), *SMOKE]) == 130
+    assert not out.exists()
+
+
+def test_a_folder_without_faces_is_refused(tmp_path, capsys):
+    root = tmp_path / "data"
+    (root / data.PORTRAITS).mkdir(parents=True)
+    blank = np.full((64, 64, 3), 128, np.uint8)
+    import cv2
+
+    cv2.imwrite(str(root / data.PORTRAITS / "blank.png"), blank)
+    args = ["train", "--data", str(root), "--taef2", str(TAEF2), "--run", str(tmp_path / "r")]
+    assert main([*args, *SMOKE]) == 2
+    assert "no usable face" in capsys.readouterr().err
