@@ -48,6 +48,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    # issue 21: UNet rows/s per batch size, eager vs CUDA graphs, and img2img end to end
+    from facefuse.gpu.bench import add_arguments
+
+    add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -162,6 +166,9 @@ def bench(args, log) -> dict:
         f"({decision.reason})",
         f"[tensorrt] {report['tensorrt']}",
     ]
+    from facefuse.gpu.bench import extend_report
+
+    extend_report(report, args, models, device, shape, log)
     return report
 
 
