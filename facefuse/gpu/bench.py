@@ -109,7 +109,7 @@ def unet_table(args, models: dict, device, log) -> dict:
                 try:
                     if runner is None:
 
-                        def call(feed=feed):
+                        def call(feed=feed, fn=fn):
                             with torch.inference_mode():
                                 fn(*feed)
 

@@ -47,7 +47,9 @@ class GpuImg2Img:
         self.modules = modules
         cuda = device.type == "cuda"
         self.runners = {
-            kind: GraphRunner(forward_fn(kind, modules), batches, enabled=graphs and cuda, name=kind)
+            kind: GraphRunner(
+                forward_fn(kind, modules), batches, enabled=graphs and cuda, name=kind
+            )
             for kind in ("text_encoder", "vae_encoder", "unet", "vae_decoder")
         }
 

@@ -527,12 +527,13 @@ def open_torch_session(
 
 
 def _served_sizes(modules: dict, params: dict[str, str]) -> tuple[int, int]:
+    latent = 64
     if "warm_latent" in params:
         latent = int(params["warm_latent"])
     elif "unet" in modules:
         latent = int(modules["unet"].config.sample_size)
-    else:
-        vae = modules.get("vae")
+    elif "vae" in modules:
+        vae = modules["vae"]
         factor = 2 ** (len(vae.config.block_out_channels) - 1)
         latent = int(vae.config.sample_size) // factor
     text_dim = 768
