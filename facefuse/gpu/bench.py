@@ -23,7 +23,9 @@ import numpy as np
 
 def add_arguments(parser) -> None:
     parser.add_argument(
-        "--batches", default="1,2,4,8,16", help="UNet batch sizes for the rows/s table"
+        "--batches",
+        default=None,
+        help="UNet batch sizes for the rows/s table (default 1,2,4,8,16; 1,2 on a CPU)",
     )
     parser.add_argument(
         "--graphs",
@@ -33,7 +35,9 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--no-e2e", dest="e2e", action="store_false", help="skip img2img")
     parser.add_argument("--e2e-iters", type=int, default=0, help="timed img2img runs (0: iters)")
-    parser.add_argument("--concurrency", type=int, default=8, help="requests in one batch")
+    parser.add_argument(
+        "--concurrency", type=int, default=None, help="requests in one batch (8; 2 on a CPU)"
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--strength", type=float, default=0.5)
     parser.add_argument(
@@ -230,6 +234,15 @@ def img2img(args, shape, device, log) -> dict:
 
 def extend_report(report: dict, args, models: dict, device, shape, log) -> None:
     """Add the issue-21 sections to the ``facefuse bench gpu`` report (and verdict lines)."""
+    cuda = device.type == "cuda"
+    if args.batches is None:
+        args.batches = "1,2,4,8,16" if cuda else "1,2"
+    if args.concurrency is None:
+        args.concurrency = 8 if cuda else 2
+    if args.concurrency < 1 or args.steps < 1 or not 0 < args.strength <= 1:
+        from facefuse.errors import InvalidInput
+
+        raise InvalidInput("--concurrency/--steps/--strength", "need >= 1, >= 1 and (0, 1]")
     report["unet_batches"] = unet_table(args, models, device, log)
     lines = []
     for key in ("fp16_graph", "fp16_eager", "fp32_graph", "fp32_eager"):

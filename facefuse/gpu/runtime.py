@@ -507,6 +507,14 @@ def open_torch_session(
     for the served shapes (``warm_latent`` / latent side of the module's config)."""
     settings = settings_from(params, model, max_batch)
     device, dtype, settings = resolve_device(settings, model)
+    if device.type == "cuda" and _flag(
+        params.get("cudnn_benchmark", "true"), "cudnn_benchmark", model
+    ):
+        import torch
+
+        # shapes are fixed per captured graph: let cuDNN pick its fastest kernels during the
+        # warm-up forwards that precede each capture
+        torch.backends.cudnn.benchmark = True
     model_dir = settings.model_dir
     if model_dir and not model_dir.startswith(SEEDED_PREFIX) and not Path(model_dir).is_absolute():
         model_dir = str(Path(version_dir) / model_dir)
