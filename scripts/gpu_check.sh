@@ -9,7 +9,7 @@
 #                           through tritonserver 2.51 with the torch-cuda repository
 #   server.log, gpu_check.log
 # Dry run on a CPU host: GPU_CHECK_DEVICE=cpu GPU_CHECK_SHAPE=tiny scripts/gpu_check.sh
-# Knobs (environment): GPU_CHECK_PYTHON (python3), GPU_CHECK_BENCH_S (210), GPU_CHECK_READY_S
+# Knobs (environment): GPU_CHECK_PYTHON (python3), GPU_CHECK_BENCH_S (180), GPU_CHECK_READY_S
 # (150), GPU_CHECK_DURATION (30), GPU_CHECK_CLIENTS (8), GPU_CHECK_SERVED (1; 0 skips),
 # GPU_CHECK_BENCH (1; 0 skips), GPU_CHECK_QUEUE_US (0), GPU_CHECK_PREFERRED ("").
 set -u
@@ -71,7 +71,7 @@ cat "$OUT/env.txt"
 # ---------------------------------------------------------------- 1. facefuse bench gpu
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
   stamp "bench gpu ($SHAPE on $DEVICE)"
-  timeout -k 10 "${GPU_CHECK_BENCH_S:-210}" "$PY" -m facefuse.gpu.bench --device "$DEVICE" \
+  timeout -k 10 "${GPU_CHECK_BENCH_S:-180}" "$PY" -m facefuse.gpu.bench --device "$DEVICE" \
     --shape "$SHAPE" --latent "$LATENT" --iters "$ITERS" --batches "$BATCHES" \
     --concurrency "$CONC" --channels-last --json > "$OUT/bench_gpu.json" 2> "$OUT/bench_gpu.log"
   stamp "bench gpu exit $? ($(wc -c < "$OUT/bench_gpu.json") bytes of JSON)"

@@ -62,6 +62,9 @@ def _check(args) -> None:
         raise InvalidInput("--iters/--batch", "must be >= 1")
     if args.latent < 8 or args.latent % 8:
         raise InvalidInput("--latent", f"must be a multiple of 8, got {args.latent}")
+    from facefuse.gpu.bench import check_arguments
+
+    check_arguments(args)
 
 
 def _device(name: str):

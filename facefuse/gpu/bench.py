@@ -196,12 +196,14 @@ def img2img(args, shape, device, log) -> dict:
         "build_s": round(build_s, 2),
         "graphs": graphs,
     }
+    prec = "fp16" if dtype == torch.float16 else "fp32"
     runs = {
-        "diffusers_fp16_eager": lambda k: run_diffusers(pipe, images[:k], prompts[:k], **kw),
-        "facefuse_fp16_graphs" if graphs else "facefuse_fp16_eager": lambda k: ours(
+        f"diffusers_{prec}_eager": lambda k: run_diffusers(pipe, images[:k], prompts[:k], **kw),
+        f"facefuse_{prec}_{'graphs' if graphs else 'eager'}": lambda k: ours(
             images[:k], prompts[:k], **kw
         ),
     }
+    report["paths"] = list(runs)
     outputs = {}
     for name, fn in runs.items():
         t0 = time.perf_counter()
@@ -232,17 +234,24 @@ def img2img(args, shape, device, log) -> dict:
     return report
 
 
-def extend_report(report: dict, args, models: dict, device, shape, log) -> None:
-    """Add the issue-21 sections to the ``facefuse bench gpu`` report (and verdict lines)."""
-    cuda = device.type == "cuda"
+def check_arguments(args, cuda: bool | None = None) -> None:
+    """Fill the device-dependent defaults and refuse bad values before anything is built."""
+    from facefuse.errors import InvalidInput
+
+    if cuda is None:
+        cuda = str(args.device).startswith("cuda")
     if args.batches is None:
         args.batches = "1,2,4,8,16" if cuda else "1,2"
+    _batches(args.batches)
     if args.concurrency is None:
         args.concurrency = 8 if cuda else 2
     if args.concurrency < 1 or args.steps < 1 or not 0 < args.strength <= 1:
-        from facefuse.errors import InvalidInput
-
         raise InvalidInput("--concurrency/--steps/--strength", "need >= 1, >= 1 and (0, 1]")
+
+
+def extend_report(report: dict, args, models: dict, device, shape, log) -> None:
+    """Add the issue-21 sections to the ``facefuse bench gpu`` report (and verdict lines)."""
+    check_arguments(args, device.type == "cuda")
     report["unet_batches"] = unet_table(args, models, device, log)
     lines = []
     for key in ("fp16_graph", "fp16_eager", "fp32_graph", "fp32_eager"):
@@ -256,7 +265,7 @@ def extend_report(report: dict, args, models: dict, device, shape, log) -> None:
         report["img2img"] = img2img(args, shape, device, log)
         e2e = report["img2img"]
         n = args.concurrency
-        for name in ("diffusers_fp16_eager", "facefuse_fp16_graphs", "facefuse_fp16_eager"):
+        for name in e2e["paths"]:
             if name in e2e:
                 lines.append(
                     f"[img2img {name}] one request {e2e[name]['single_ms_p50']:.1f} ms; "
