@@ -262,7 +262,14 @@ def extend_report(report: dict, args, models: dict, device, shape, log) -> None:
             )
             lines.append(f"[unet rows/s {key}] {cells}")
     if args.e2e:
-        report["img2img"] = img2img(args, shape, device, log)
+        try:
+            report["img2img"] = img2img(args, shape, device, log)
+        except Exception as exc:  # keep the UNet table when the end-to-end part fails
+            report["img2img"] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+            lines.append(f"[img2img] failed: {report['img2img']['error']}")
+            log(lines[-1])
+            report["verdict"] = [*report.get("verdict", []), *lines]
+            return
         e2e = report["img2img"]
         n = args.concurrency
         for name in e2e["paths"]:

@@ -94,6 +94,8 @@ class GpuImg2Img:
                 noise_pred = uncond + guidance * (cond - uncond)
                 latents = scheduler.step(noise_pred, t, latents).prev_sample
             image = run["vae_decoder"](latents.to(self.dtype))[0]
+            if not bool(torch.isfinite(image).all()):  # the served pipeline refuses these too
+                raise FloatingPointError("facefuse GPU img2img produced NaN or inf pixels")
             image = ((image.float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
             return image.permute(0, 2, 3, 1).cpu().numpy()
 
@@ -132,4 +134,7 @@ def run_diffusers(pipe, images: np.ndarray, prompts: list[str], steps, strength,
         generator=generator,
         output_type="np",
     )
-    return (np.asarray(out.images) * 255).round().astype(np.uint8)
+    images = np.asarray(out.images)
+    if not np.isfinite(images).all():  # a NaN would be cast to 0 silently below
+        raise FloatingPointError("diffusers img2img produced NaN or inf pixels")
+    return (images * 255).round().astype(np.uint8)
