@@ -5,7 +5,6 @@ says why, and bad input is a 400."""
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 
@@ -18,22 +17,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def _assemble(out, runtime="torch-cpu", device="cpu"):
     from facefuse.gpu import served
 
-    return served.assemble(
-        argparse.Namespace(
-            out=str(out),
-            model="seeded:tiny",
-            runtime=runtime,
-            device=device,
-            dtype="float32",
-            graphs=False,
-            seed=0,
-            image=64,
-            instances=2,
-            queue_delay_us=0,
-            preferred=[],
-            unet_graph_batches="",
-        )
-    )
+    argv = ["assemble", "--out", str(out), "--model", "seeded:tiny", "--runtime", runtime]
+    argv += ["--device", device, "--dtype", "float32", "--no-graphs", "--image", "64"]
+    assert served.main([*argv, "--instances", "2"]) == 0
+    return out
 
 
 def test_torch_cpu_repository_serves_img2img(tmp_path):

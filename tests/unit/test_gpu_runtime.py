@@ -174,25 +174,13 @@ def test_graph_runner_is_eager_on_cpu_tensors():
 
 
 def test_served_assembly_writes_a_torch_repository(tmp_path):
-    import argparse
-
     from facefuse.gpu import served
 
-    args = argparse.Namespace(
-        out=str(tmp_path / "repo"),
-        model="seeded:tiny",
-        runtime="torch-cpu",
-        device="cpu",
-        dtype="float32",
-        graphs=False,
-        seed=0,
-        image=64,
-        instances=3,
-        queue_delay_us=2000,
-        preferred=[8, 16],
-        unet_graph_batches="2,16",
-    )
-    repo = served.assemble(args)
+    repo = tmp_path / "repo"
+    argv = ["assemble", "--out", str(repo), "--model", "seeded:tiny", "--runtime", "torch-cpu"]
+    argv += ["--device", "cpu", "--dtype", "float32", "--no-graphs", "--image", "64"]
+    argv += ["--instances", "3", "--queue-delay-us", "2000", "--preferred", "8,16"]
+    assert served.main([*argv, "--unet-graph-batches", "2,16"]) == 0
     unet = (repo / "unet" / "config.pbtxt").read_text()
     assert 'key: "runtime", value: { string_value: "torch-cpu" }' in unet
     assert "preferred_batch_size: [ 8, 16 ] max_queue_delay_microseconds: 2000" in unet
