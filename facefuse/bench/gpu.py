@@ -48,6 +48,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    # issue 21: UNet rows/s per batch size, eager vs CUDA graphs, and img2img end to end
+    from facefuse.gpu.bench import add_arguments
+
+    add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -58,6 +62,9 @@ def _check(args) -> None:
         raise InvalidInput("--iters/--batch", "must be >= 1")
     if args.latent < 8 or args.latent % 8:
         raise InvalidInput("--latent", f"must be a multiple of 8, got {args.latent}")
+    from facefuse.gpu.bench import check_arguments
+
+    check_arguments(args)
 
 
 def _device(name: str):
@@ -100,7 +107,8 @@ def bench(args, log) -> dict:
         np.full(args.batch, 500.0),
         rng.standard_normal((args.batch, 77, shape.text_hidden)),
     )
-    fp32 = build_unet(shape, args.seed).to(device)
+    with torch.device(device):  # weights initialised on the device (seconds, not a minute)
+        fp32 = build_unet(shape, args.seed)
     models = {"fp32": fp32, "fp16": copy.deepcopy(fp32).half()}  # the same weights, halved
     feeds = {
         name: [torch.from_numpy(a).to(device, getattr(torch, PRECISIONS[name])) for a in inputs]
@@ -162,6 +170,9 @@ def bench(args, log) -> dict:
         f"({decision.reason})",
         f"[tensorrt] {report['tensorrt']}",
     ]
+    from facefuse.gpu.bench import extend_report
+
+    extend_report(report, args, models, device, shape, log)
     return report
 
 

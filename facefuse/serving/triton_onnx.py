@@ -16,6 +16,7 @@ import numpy as np
 from facefuse.core import metrics
 from facefuse.core.errors import ModelLoadError
 from facefuse.core.limits import DEFAULT_LIMITS, check_tensor
+from facefuse.gpu.runtime import ONNX_RUNTIME, open_torch_session, runtime_of, torch_kind
 from facefuse.runtime.memory import check_cpu_fits
 from facefuse.runtime.sessions import (
     PartsRunner,
@@ -68,17 +69,27 @@ class OnnxTritonModel:
             allow_spinning=params.get("allow_spinning", "false").lower() == "true",
         )
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        graph = version_dir / params.get("onnx_file", ONNX_FILE)
-        if params.get("check_memory", "true").lower() == "true":
-            check_cpu_fits(graph)  # refuse a variant that would not fit (facefuse.runtime.memory)
-        self.session = open_session(graph, options)
+        self.max_rows = int(config.get("max_batch_size", 0)) or None
+        # `runtime`: onnxruntime (default, CPU) or torch-cuda / torch-cpu (facefuse.gpu.runtime:
+        # the PyTorch module in FP16 with CUDA graphs, behind the same session interface)
+        self.runtime = runtime_of(params, self.name)
+        if self.runtime != ONNX_RUNTIME:
+            self.session = open_torch_session(
+                torch_kind(self.INPUTS), params, self.name, version_dir, self.max_rows
+            )
+        else:
+            graph = version_dir / params.get("onnx_file", ONNX_FILE)
+            if params.get("check_memory", "true").lower() == "true":
+                check_cpu_fits(
+                    graph
+                )  # refuse a variant that would not fit (facefuse.runtime.memory)
+            self.session = open_session(graph, options)
         # `parallel_runs` > 1: a forward of several rows runs as that many row slices at once
         # (facefuse.runtime.sessions.PartsRunner), each on `intra_op_threads` threads
         # (0: cores / parts)
         self.runner = PartsRunner(self._run_session, parts)
         # the graph's input signature, read once: requests are checked against it
         self.input_shapes = {i.name.lower(): i.shape for i in self.session.get_inputs()}
-        self.max_rows = int(config.get("max_batch_size", 0)) or None
         self._init_metrics()
 
     def _init_metrics(self) -> None:

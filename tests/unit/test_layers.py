@@ -22,7 +22,7 @@ LAYERS = (
     ("runtime", {"runtime"}),
     ("domain", {"prompt", "face", "cache", "models"}),
     ("pipeline", {"diffusion", "quality"}),
-    ("adapters", {"serving", "client", "export", "bench", "train", "cli"}),
+    ("adapters", {"serving", "client", "export", "bench", "train", "gpu", "cli"}),
 )
 RANK = {package: rank for rank, (_, packages) in enumerate(LAYERS) for package in packages}
 
