@@ -179,7 +179,10 @@ def from_published(folder: str | Path) -> TinyAutoencoderF2:
         if not path.is_file():
             raise ModelLoadError(f"{path}: expected the TAEF2 {part} weights (safetensors)")
         state.update({f"{part}.{k}": v.float() for k, v in load_file(path).items()})
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a tensor of another shape
+        raise ModelLoadError(f"{folder}: not TAEF2 weights ({str(exc)[:200]})") from exc
     if missing or unexpected:
         raise ModelLoadError(
             f"{folder}: not TAEF2 weights (missing {missing[:3]}, unexpected {unexpected[:3]})"
