@@ -77,6 +77,8 @@ class Photo:
 def london_people(root: Path) -> list[str]:
     """IDs present in both ``neutral/`` and ``smiling/`` of the London set, sorted."""
     folder = root / LONDON
+    if not ((folder / "neutral").is_dir() and (folder / "smiling").is_dir()):
+        return []
     neutral = {p.stem for p in image_files(folder / "neutral")}
     smiling = {p.stem for p in image_files(folder / "smiling")}
     return sorted(neutral & smiling)
@@ -84,7 +86,7 @@ def london_people(root: Path) -> list[str]:
 
 def split_people(people: list[str], heldout: int, seed: int) -> tuple[list[str], list[str]]:
     """(train, held-out) people: a seeded choice of ``heldout`` of them, both sorted."""
-    if heldout >= len(people):
+    if heldout and heldout >= len(people):
         raise InvalidInput("--heldout", f"must be below the {len(people)} London people")
     rng = np.random.default_rng(seed)
     chosen = set(rng.choice(people, size=heldout, replace=False).tolist())
