@@ -252,7 +252,7 @@ class Trainer:
         path = self.run / CHECKPOINT
         if not path.is_file():
             return False
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = torch.load(path, map_location="cpu", weights_only=True)
         check_checkpoint_config(path, saved.get("config", {}), self.config.as_dict())
         self.unet.load_state_dict(saved["unet"])
         self.text_encoder.load_state_dict(saved["text_encoder"])

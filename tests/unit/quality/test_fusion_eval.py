@@ -19,7 +19,7 @@ from facefuse.face.mask import feathered_ellipse
 from facefuse.quality import fusion_eval as fe
 from facefuse.quality.metrics import PSNR_CAP_DB
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 # ------------------------------------------------------------------------- pure measures
@@ -199,7 +199,7 @@ def test_the_68_point_model_stays_out_of_the_serving_path():
     ]
     serving += [
         *(ROOT / "model_repository").glob("*/1/model.py"),
-        *(ROOT / "facefuse").glob("triton_*.py"),
+        *(ROOT / "facefuse" / "serving").glob("*.py"),
     ]
     assert serving
     for path in serving:
