@@ -47,6 +47,7 @@ class ModelShape:
     vae_layers_per_block: int
     sample_size: int
     norm_groups: int = 32
+    latent_channels: int = 4  # the VAE's (32 for TAEF2, the ``faces`` model)
 
 
 TINY = ModelShape(
@@ -124,8 +125,8 @@ def build_unet(shape: ModelShape, seed: int = DEFAULT_SEED):
     torch.manual_seed(seed + 1)
     return UNet2DConditionModel(
         sample_size=shape.sample_size,
-        in_channels=4,
-        out_channels=4,
+        in_channels=shape.latent_channels,
+        out_channels=shape.latent_channels,
         block_out_channels=shape.unet_channels,
         layers_per_block=shape.unet_layers_per_block,
         down_block_types=down,

@@ -10,6 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from facefuse.core.errors import InvalidInput
+from facefuse.train.config import TrainConfig
 
 DEFAULT_DATA = Path("../shared/data")
 DEFAULT_TAEF2 = Path("../shared/weights/taef2")
@@ -35,8 +36,6 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--sample-steps", type=int, default=20, help="denoising steps of the sample grids"
     )
-    from facefuse.train.loop import TrainConfig
-
     for f in fields(TrainConfig):
         if f.type in ("int", "float"):
             kind = int if f.type == "int" else float
@@ -48,7 +47,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from facefuse.train.loop import TrainConfig, Trainer, prepare_latents
+    from facefuse.train.loop import Trainer, prepare_latents
 
     if args.threads:
         torch.set_num_threads(args.threads)

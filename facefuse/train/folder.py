@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from facefuse.models.taef2 import CLASS_NAME, TinyAutoencoderF2, load_taef2
+from facefuse.models.taef2 import CLASS_NAME, load_taef2
 from facefuse.models.tiny import SD1_SCHEDULER
 from facefuse.prompt.tokenizer import save_tokenizer_files
 
@@ -43,9 +43,8 @@ def _write(trainer, tmp: Path, card: str, extra: dict) -> None:
     unet, text = trainer.ema_models()
     unet.half().save_pretrained(tmp / "unet", safe_serialization=True)
     text.half().save_pretrained(tmp / "text_encoder", safe_serialization=True)
-    published = load_taef2(trainer.taef2_dir)
-    vae = TinyAutoencoderF2(scaling_factor=trainer.scale, shift_factor=trainer.shift)
-    vae.load_state_dict(published.state_dict())
+    vae = load_taef2(trainer.taef2_dir)
+    vae.register_to_config(scaling_factor=trainer.scale, shift_factor=trainer.shift)
     vae.half().save_pretrained(tmp / "vae", safe_serialization=True)
     save_tokenizer_files(tmp / "tokenizer")
     (tmp / "scheduler").mkdir()

@@ -25,8 +25,9 @@ import torch
 from facefuse.core.errors import InvalidInput, ModelLoadError
 from facefuse.models.tiny import SD1_SCHEDULER
 from facefuse.prompt.optimizer import DEFAULT_NEGATIVE, encode_chunks
-from facefuse.prompt.tokenizer import BOS_ID, EOS_ID, MAX_LENGTH, VOCAB_SIZE, embedded_tokenizer
+from facefuse.prompt.tokenizer import embedded_tokenizer
 from facefuse.train import data
+from facefuse.train.config import TrainConfig
 
 CHECKPOINT = "checkpoint.pt"
 LATENTS = "latents.npz"
@@ -35,86 +36,37 @@ KINDS = tuple(data.CAPTIONS)
 SAMPLE_PROMPTS = ("smiling", "keep neutral expression", "black and white photo", "portrait photo")
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that defines a run; a checkpoint is only resumed under an equal config."""
-
-    size: int = 128
-    steps: int = 4000
-    batch: int = 16
-    lr: float = 3e-4
-    warmup: int = 200
-    seed: int = 0
-    heldout: int = 16
-    augmentations: int = 3  # augmented crops per photo, besides the plain one
-    unet_channels: tuple[int, ...] = (64, 128, 128)
-    layers_per_block: int = 1
-    attention_heads: int = 8
-    text_hidden: int = 32
-    text_layers: int = 2
-    text_heads: int = 4
-    cond_dropout: float = 0.1
-    ema_decay: float = 0.999
-    snr_gamma: float = 5.0
-    checkpoint_every: int = 250
-
-    def __post_init__(self):
-        if self.size < 64 or self.size % 8:
-            raise InvalidInput(
-                "--size", f"must be a multiple of 8 and at least 64, got {self.size}"
-            )
-        if self.steps < 1 or self.batch < 1:
-            raise InvalidInput("--steps/--batch", "must be at least 1")
-
-    @property
-    def latent_size(self) -> int:
-        return self.size // 8
-
-    def as_dict(self) -> dict:
-        return json.loads(json.dumps(asdict(self)))  # tuples become lists, as in JSON
-
-
 # ----------------------------------------------------------------------------- models
-def build_text_encoder(config: TrainConfig):
-    from transformers import CLIPTextConfig, CLIPTextModel
+def model_shape(config: TrainConfig):
+    """The run's sizes as a :class:`~facefuse.models.tiny.ModelShape` (TAEF2's 32 channels)."""
+    from facefuse.models.taef2 import LATENT_CHANNELS
+    from facefuse.models.tiny import ModelShape
 
-    torch.manual_seed(config.seed)
-    return CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=VOCAB_SIZE,
-            hidden_size=config.text_hidden,
-            intermediate_size=4 * config.text_hidden,
-            num_hidden_layers=config.text_layers,
-            num_attention_heads=config.text_heads,
-            max_position_embeddings=MAX_LENGTH,
-            hidden_act="quick_gelu",
-            bos_token_id=BOS_ID,
-            eos_token_id=EOS_ID,
-            pad_token_id=1,
-            projection_dim=config.text_hidden,
-        )
+    return ModelShape(
+        text_hidden=config.text_hidden,
+        text_layers=config.text_layers,
+        text_heads=config.text_heads,
+        text_ffn=4 * config.text_hidden,
+        unet_channels=config.unet_channels,
+        unet_layers_per_block=config.layers_per_block,
+        unet_head_dim=config.attention_heads,
+        vae_channels=(),  # the VAE is TAEF2, not built from the shape
+        vae_layers_per_block=0,
+        sample_size=config.latent_size,
+        latent_channels=LATENT_CHANNELS,
     )
+
+
+def build_text_encoder(config: TrainConfig):
+    from facefuse.models import tiny
+
+    return tiny.build_text_encoder(model_shape(config), config.seed)
 
 
 def build_unet(config: TrainConfig):
-    from diffusers import UNet2DConditionModel
+    from facefuse.models import tiny
 
-    from facefuse.models.taef2 import LATENT_CHANNELS
-
-    levels = len(config.unet_channels)
-    torch.manual_seed(config.seed + 1)
-    return UNet2DConditionModel(
-        sample_size=config.latent_size,
-        in_channels=LATENT_CHANNELS,
-        out_channels=LATENT_CHANNELS,
-        block_out_channels=config.unet_channels,
-        layers_per_block=config.layers_per_block,
-        down_block_types=("CrossAttnDownBlock2D",) * (levels - 1) + ("DownBlock2D",),
-        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * (levels - 1),
-        cross_attention_dim=config.text_hidden,
-        attention_head_dim=config.attention_heads,
-        norm_num_groups=32,
-    )
+    return tiny.build_unet(model_shape(config), config.seed)
 
 
 def noise_scheduler():
