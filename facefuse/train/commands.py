@@ -10,7 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from facefuse.core.errors import InvalidInput
-from facefuse.train.config import TrainConfig
+from facefuse.train.config import PREDICTIONS, TrainConfig
 
 DEFAULT_DATA = Path("../shared/data")
 DEFAULT_TAEF2 = Path("../shared/weights/taef2")
@@ -41,6 +41,10 @@ def register(subparsers) -> None:
             kind = int if f.type == "int" else float
             flag = "--" + f.name.replace("_", "-")
             parser.add_argument(flag, type=kind, default=f.default, help=f"(default {f.default})")
+        elif f.name == "prediction":
+            parser.add_argument(
+                "--prediction", choices=PREDICTIONS, default=f.default, help="the UNet's target"
+            )
     parser.set_defaults(func=run)
 
 

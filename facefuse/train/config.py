@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 
 from facefuse.core.errors import InvalidInput
 
+PREDICTIONS = ("epsilon", "v_prediction")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -30,6 +32,11 @@ class TrainConfig:
     ema_decay: float = 0.999
     snr_gamma: float = 5.0
     checkpoint_every: int = 250
+    prediction: str = "v_prediction"  # the UNet's target: "epsilon" or "v_prediction"
+    # img2img starts at t = strength * 1000 (the served strengths are <= 0.6): this share of
+    # training timesteps is drawn below focus_timestep, the rest over the whole schedule
+    focus_timestep: int = 700
+    focus_share: float = 0.75
 
     def __post_init__(self):
         if self.size < 64 or self.size % 8:
@@ -38,10 +45,22 @@ class TrainConfig:
             )
         if self.steps < 1 or self.batch < 1:
             raise InvalidInput("--steps/--batch", "must be at least 1")
+        if self.prediction not in PREDICTIONS:
+            raise InvalidInput(
+                "--prediction", f"must be one of {PREDICTIONS}, got {self.prediction!r}"
+            )
+        if not 1 <= self.focus_timestep <= 1000 or not 0.0 <= self.focus_share <= 1.0:
+            raise InvalidInput("--focus-timestep/--focus-share", "must be within 1..1000 and 0..1")
 
     @property
     def latent_size(self) -> int:
         return self.size // 8
+
+    def scheduler_config(self) -> dict:
+        """The SD 1.x scheduler config of the model folder, with this run's target."""
+        from facefuse.models.tiny import SD1_SCHEDULER
+
+        return {**SD1_SCHEDULER, "prediction_type": self.prediction}
 
     def as_dict(self) -> dict:
         return json.loads(json.dumps(asdict(self)))  # tuples become lists, as in JSON

@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 from facefuse.models.taef2 import CLASS_NAME, load_taef2
-from facefuse.models.tiny import SD1_SCHEDULER
 from facefuse.prompt.tokenizer import save_tokenizer_files
 
 
@@ -48,7 +47,8 @@ def _write(trainer, tmp: Path, card: str, extra: dict) -> None:
     vae.half().save_pretrained(tmp / "vae", safe_serialization=True)
     save_tokenizer_files(tmp / "tokenizer")
     (tmp / "scheduler").mkdir()
-    (tmp / "scheduler" / "scheduler_config.json").write_text(json.dumps(SD1_SCHEDULER, indent=2))
+    scheduler = trainer.config.scheduler_config()
+    (tmp / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler, indent=2))
     index = {
         "_class_name": "StableDiffusionPipeline",
         "_diffusers_version": "0.42.1",

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from facefuse.core.errors import InvalidInput, ModelLoadError
-from facefuse.models.tiny import SD1_SCHEDULER
 from facefuse.prompt.optimizer import DEFAULT_NEGATIVE, encode_chunks
 from facefuse.prompt.tokenizer import embedded_tokenizer
 from facefuse.train import data
@@ -69,11 +68,12 @@ def build_unet(config: TrainConfig):
     return tiny.build_unet(model_shape(config), config.seed)
 
 
-def noise_scheduler():
+def noise_scheduler(config: TrainConfig):
     from diffusers import DDPMScheduler
 
     keys = ("beta_start", "beta_end", "beta_schedule", "num_train_timesteps", "prediction_type")
-    return DDPMScheduler(**{k: SD1_SCHEDULER[k] for k in keys})
+    scheduler = config.scheduler_config()
+    return DDPMScheduler(**{k: scheduler[k] for k in keys})
 
 
 # ----------------------------------------------------------------------------- latents
@@ -164,7 +164,7 @@ class Trainer:
         )
         self.ema_unet = EMAModel(self.unet.parameters(), decay=config.ema_decay)
         self.ema_text = EMAModel(self.text_encoder.parameters(), decay=config.ema_decay)
-        self.noise = noise_scheduler()
+        self.noise = noise_scheduler(config)
         self.latents = torch.from_numpy(arrays["latents"].astype(np.float32))
         self.shift, self.scale = float(arrays["shift"]), float(arrays["scale"])
         self.kinds = arrays["kinds"]
@@ -239,20 +239,34 @@ class Trainer:
                 texts.append(data.caption(KINDS[self.kinds[photo]], self.rng))
         return latents, texts
 
+    def _timesteps(self, n: int) -> torch.Tensor:
+        """``focus_share`` of the timesteps below ``focus_timestep``, the rest anywhere."""
+        steps = self.noise.config.num_train_timesteps
+        everywhere = torch.randint(0, steps, (n,), generator=self.generator)
+        focused = torch.randint(0, self.config.focus_timestep, (n,), generator=self.generator)
+        pick = torch.rand(n, generator=self.generator) < self.config.focus_share
+        return torch.where(pick, focused, everywhere)
+
     def step(self) -> float:
         from diffusers.training_utils import compute_snr
 
         latents, texts = self._batch()
         noise = torch.randn(latents.shape, generator=self.generator)
-        steps = self.noise.config.num_train_timesteps
-        t = torch.randint(0, steps, (len(latents),), generator=self.generator)
+        t = self._timesteps(len(latents))
         noisy = self.noise.add_noise(latents, noise, t)
         context = self.text_encoder(self._token_ids(texts)).last_hidden_state
         pred = self.unet(noisy, t, context).sample
-        loss = torch.nn.functional.mse_loss(pred, noise, reduction="none").mean(dim=(1, 2, 3))
+        if self.config.prediction == "v_prediction":
+            target = self.noise.get_velocity(latents, noise, t)
+        else:
+            target = noise
+        loss = torch.nn.functional.mse_loss(pred, target, reduction="none").mean(dim=(1, 2, 3))
         snr = compute_snr(self.noise, t)
-        weight = torch.clamp(snr, max=self.config.snr_gamma) / snr  # min-SNR, epsilon target
-        loss = (loss * weight).mean()
+        # min-SNR-gamma (Hang et al. 2023): min(snr, gamma) / snr for an epsilon target,
+        # min(snr, gamma) / (snr + 1) for a v target
+        clamped = torch.clamp(snr, max=self.config.snr_gamma)
+        denominator = snr + 1 if self.config.prediction == "v_prediction" else snr
+        loss = (loss * clamped / denominator).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(
@@ -333,7 +347,7 @@ class Trainer:
             self._vae = load_taef2(self.taef2_dir)
         vae = self._vae
         scheduler = DDIMScheduler.from_config(
-            {k: v for k, v in SD1_SCHEDULER.items() if not k.startswith("_")}
+            {k: v for k, v in self.config.scheduler_config().items() if not k.startswith("_")}
         )
         scheduler.set_timesteps(steps)
         rows = []
@@ -348,8 +362,8 @@ class Trainer:
                      self.config.latent_size)  # fmt: skip
             x = torch.randn(shape, generator=generator)
             for t in scheduler.timesteps:
-                eps = unet(torch.cat([x, x]), t, context).sample
-                e_u, e_c = eps.chunk(2)
+                out = unet(torch.cat([x, x]), t, context).sample
+                e_u, e_c = out.chunk(2)
                 x = scheduler.step(e_u + guidance * (e_c - e_u), t, x).prev_sample
             images = vae.raw_decode(x / self.scale + self.shift)
             rows.append(torch.cat(list(images), dim=2))

@@ -96,6 +96,8 @@ def test_two_step_smoke_run_writes_a_model_that_loads_and_resumes(tmp_path, caps
     training = json.loads((out / "training.json").read_text())
     assert training["config"]["steps"] == 2 and training["photos"] == 3
     assert "CC BY 4.0" in (out / "README.md").read_text()
+    # the served scheduler is told the run's target (v-prediction by default)
+    assert components.scheduler_config["prediction_type"] == "v_prediction"
     # the same command again resumes at the end: no step is trained twice
     before = (run / "checkpoint.pt").stat().st_mtime_ns
     assert main([*args, *SMOKE]) == 0
@@ -131,3 +133,31 @@ def test_a_folder_without_faces_is_refused(tmp_path, capsys):
     args = ["train", "--data", str(root), "--taef2", str(TAEF2), "--run", str(tmp_path / "r")]
     assert main([*args, *SMOKE]) == 2
     assert "no usable face" in capsys.readouterr().err
+
+
+def test_unknown_prediction_target_is_refused_naming_the_flag():
+    from facefuse.train.config import TrainConfig
+
+    with pytest.raises(InvalidInput, match="--prediction"):
+        TrainConfig(prediction="sample")
+    with pytest.raises(InvalidInput, match="--focus-timestep"):
+        TrainConfig(focus_share=1.5)
+
+
+def test_focused_timesteps_fall_below_the_focus_and_the_rest_cover_the_schedule():
+    import torch
+
+    from facefuse.train.config import TrainConfig
+    from facefuse.train.loop import Trainer, noise_scheduler
+
+    def draw(share: float) -> np.ndarray:
+        trainer = Trainer.__new__(Trainer)  # only the timestep sampler's fields
+        trainer.config = TrainConfig(focus_timestep=300, focus_share=share)
+        trainer.noise = noise_scheduler(trainer.config)
+        trainer.generator = torch.Generator().manual_seed(0)
+        return trainer._timesteps(4000).numpy()
+
+    assert draw(1.0).max() < 300
+    spread = draw(0.5)
+    assert 0.6 < (spread < 300).mean() < 0.7  # 0.5 + 0.5 * 0.3 expected
+    assert spread.max() > 900
