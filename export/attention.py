@@ -137,7 +137,8 @@ def fusion_error(
     source: str | Path, fused: str | Path, latent: int = 16, seed: int = 0
 ) -> tuple[float, float]:
     """(max abs difference, max abs output) of ``fused`` against ``source`` on one random
-    UNet call of batch 2 at a ``latent`` x ``latent`` latent."""
+    UNet call of batch 2 at a ``latent`` x ``latent`` latent (``unet_shallow``'s ``deep``
+    input too)."""
 
     outputs = []
     for path in (source, fused):
@@ -150,6 +151,9 @@ def fusion_error(
             TIMESTEP.name: np.array([500.0, 20.0], dtype=np.float32),
             ENCODER_HIDDEN_STATES.name: rng.standard_normal((2, 77, hidden)).astype(np.float32),
         }
+        for extra in session.get_inputs()[3:]:  # DEEP: [batch, channels, latent, latent]
+            shape = (2, extra.shape[1], latent, latent)
+            feeds[extra.name] = rng.standard_normal(shape).astype(np.float32)
         outputs.append(session.run(None, feeds)[0])
         del session
     reference, candidate = outputs

@@ -209,3 +209,50 @@ def export_vae_decoder(vae, path: Path, latent_size: int, batch: int = 1) -> Exp
     with torch.no_grad():
         reference = [module(latents).numpy()]
     return _parity("vae_decoder", path, {"latent": latents.numpy()}, reference)
+
+
+def export_unet_deep_cache(
+    unet, deep_path: Path, shallow_path: Path, latent_size: int, text_dim: int, batch: int = 2
+) -> list[ExportResult]:
+    """The DeepCache pair (:mod:`facefuse.models.deepcache`), each checked against the plain
+    UNet's forward on the same input: ``unet_deep`` returns it and ``deep``; ``unet_shallow``
+    on that ``deep`` returns it again (exact at an unchanged step)."""
+    import torch
+
+    from facefuse.models.deepcache import DeepUnet, ShallowUnet
+
+    deep_module, shallow_module = DeepUnet(unet).eval(), ShallowUnet(unet).eval()
+    generator = torch.Generator().manual_seed(0)
+    channels = unet.config.in_channels
+    sample = torch.randn(batch, channels, latent_size, latent_size, generator=generator)
+    timestep = torch.tensor([999.0, 500.0][:batch] + [10.0] * max(0, batch - 2))
+    context = torch.randn(batch, 77, text_dim, generator=generator)
+    spatial = {0: "batch", 2: "height", 3: "width"}
+    common = {"timestep": {0: "batch"}, "encoder_hidden_states": {0: "batch", 1: "sequence"}}
+    names = ["sample", "timestep", "encoder_hidden_states"]
+    with torch.no_grad():
+        reference = unet(sample, timestep, context, return_dict=False)[0].numpy()
+        _, deep = deep_module(sample, timestep, context)
+    _export(
+        deep_module,
+        (sample, timestep, context),
+        deep_path,
+        names,
+        ["noise_pred", "deep"],
+        {"sample": spatial, **common, "noise_pred": spatial, "deep": spatial},
+    )
+    _export(
+        shallow_module,
+        (sample, timestep, context, deep),
+        shallow_path,
+        [*names, "deep"],
+        ["noise_pred"],
+        {"sample": spatial, **common, "deep": spatial, "noise_pred": spatial},
+    )
+    feeds = {"sample": sample.numpy(), "timestep": timestep.numpy()}
+    feeds["encoder_hidden_states"] = context.numpy()
+    checks = [_parity("unet_deep", deep_path, feeds, [reference, deep.numpy()])]
+    checks.append(
+        _parity("unet_shallow", shallow_path, {**feeds, "deep": deep.numpy()}, [reference])
+    )
+    return checks

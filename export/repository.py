@@ -3,6 +3,7 @@
 Layout written (artefacts are build outputs, ignored by git)::
 
     REPO/text_encoder/1/model.onnx      REPO/unet/1/model.onnx
+    REPO/unet_deep/1/model.onnx         REPO/unet_shallow/1/model.onnx  (DeepCache pair)
     REPO/vae_encoder/1/model.onnx       REPO/vae_decoder/1/model.onnx
     REPO/prompt_optimizer/1/tokenizer/  (the model's own tokenizer)
     REPO/facefusion/1/pipeline.json     REPO/txt2img/1/pipeline.json
@@ -23,6 +24,7 @@ from facefuse.export.onnx_export import (
     ExportResult,
     export_text_encoder,
     export_unet,
+    export_unet_deep_cache,
     export_vae_decoder,
     export_vae_encoder,
 )
@@ -65,14 +67,15 @@ def model_identity(folder: Path) -> str:
 
 
 def _export_int8_unet(root: Path) -> list[ExportResult]:
-    """``unet/1/model.int8.onnx``: attention fused for the CPU, then dynamic INT8 on
-    MatMul/Gemm, what ``unet/config.pbtxt`` serves on CPU (``onnx_file``); ``facefuse
-    quality`` gates it against the plain fp32 export ``model.onnx``. Returns the fusion's
-    parity check (fused fp32 vs ``model.onnx``) when the attention was fused."""
+    """``unet/1/model.int8.onnx`` (and the DeepCache pair's): attention fused for the CPU,
+    then dynamic INT8 on MatMul/Gemm, what ``unet/config.pbtxt`` serves on CPU
+    (``onnx_file``); ``facefuse quality`` gates it against the plain fp32 export
+    ``model.onnx``. Returns the fusion's parity check (fused fp32 vs ``model.onnx``) for each
+    graph whose attention was fused."""
     from facefuse.export.quantize import export_cpu_variant
 
     return [
-        ExportResult("unet fused vs plain onnx", c.path, *c.fusion_check)
+        ExportResult(f"{c.path.parent.parent.name} fused vs plain onnx", c.path, *c.fusion_check)
         for c in export_cpu_variant(root, "int8")
         if c.fusion_check is not None
     ]
@@ -117,6 +120,12 @@ def export_repository(
     for name, run in steps:
         progress(name)
         results.append(run())
+    progress("unet_deep / unet_shallow (DeepCache)")
+    results.extend(
+        export_unet_deep_cache(
+            components.unet, paths.onnx("unet_deep"), paths.onnx("unet_shallow"), latent, text_dim
+        )
+    )
     progress("unet INT8 (the default CPU serving variant)")
     results.extend(_export_int8_unet(paths.root))
     progress("text_encoder prefix-KV graphs")

@@ -64,12 +64,17 @@ def naive_repository(source: str | Path, destination: str | Path) -> Path:
     """Write baseline B's repository at ``destination`` from an exported ``source``.
 
     Baseline B is what a naive deployment runs: no dynamic batching, one instance per model,
-    DDIM 50, the fp32 UNet, no prompt compression, no prefix cache, and each UNet call as one
-    ONNX Runtime run on all threads (facefuse's row slices, ``parallel_runs``, are off)."""
+    DDIM 50, the fp32 UNet at every step (no DeepCache), no prompt compression, no prefix
+    cache, and each UNet call as one ONNX Runtime run on all threads (facefuse's row slices,
+    ``parallel_runs``, are off)."""
+    from facefuse.runtime.variants import DEEP_CACHE_MODELS
+
     source, destination = Path(source), Path(destination)
     if destination.exists():
         shutil.rmtree(destination)
     for model in sorted(p for p in source.iterdir() if (p / "config.pbtxt").is_file()):
+        if model.name in DEEP_CACHE_MODELS:
+            continue
         _copy_model(model, destination / model.name)
         config_path = destination / model.name / "config.pbtxt"
         config = configs.single_instance(
@@ -77,6 +82,7 @@ def naive_repository(source: str | Path, destination: str | Path) -> Path:
         )
         if model.name in ("facefusion", "txt2img"):
             set_parameter(config, "scheduler", "ddim")
+            set_parameter(config, "deep_cache_interval", "1")
         if model.name == "prompt_optimizer":
             set_parameter(config, "compress", "false")
         if model.name == "unet":

@@ -226,13 +226,19 @@ def run(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         print(line, flush=True)
 
+    served_info: dict = {}  # the first response's INFO: what the server ran (steps, variant)
+
     def evaluate_with(url: str) -> tuple[dict, object]:
         from facefuse.client import Client
 
         with Client(url, "grpc", args.timeout) as client:
 
             def fuse(source: bytes, target: bytes, instruction: str) -> bytes:
-                return client.fuse(source, target, instruction, **params).png
+                result = client.fuse(source, target, instruction, **params)
+                if not served_info:
+                    served_info.update(result.info)
+                    served_info.pop("stage_ms", None)
+                return result.png
 
             return evaluate(config, fuse, meter, log, prepared)
 
@@ -249,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
             report, sheet = evaluate_with(s.grpc_url)
         report["config"]["server"] = f"local tritonserver on {args.repository}"
     report["config"]["repository"] = str(args.repository)
+    report["config"]["served_info"] = served_info
     report["total_seconds"] = round(time.perf_counter() - started, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(to_json(report), indent=2) + "\n")

@@ -121,6 +121,8 @@ SAMPLE = Tensor("sample", "FP32", (-1, -1, -1))  # latent channels, height, widt
 TIMESTEP = Tensor("timestep", "FP32", (1,))
 ENCODER_HIDDEN_STATES = Tensor("encoder_hidden_states", "FP32", (-1, -1))
 NOISE_PRED = Tensor("noise_pred", "FP32", (-1, -1, -1))
+# DeepCache (facefuse.models.deepcache): the input of the UNet's last up layer besides conv_in
+DEEP = Tensor("deep", "FP32", (-1, -1, -1))
 PIXELS = Tensor("image", "FP32", (3, -1, -1))
 LATENT = Tensor("latent", "FP32", (-1, -1, -1))
 
@@ -142,6 +144,15 @@ FACE_ANALYZER = Model(
     "face_analyzer", (SOURCE_IMAGE, TARGET_IMAGE, SIZE), (COMPOSITE, MASK, CROP_BOX)
 )
 UNET = Model("unet", (SAMPLE, TIMESTEP, ENCODER_HIDDEN_STATES), (NOISE_PRED,), max_batch_size=16)
+UNET_DEEP = Model(
+    "unet_deep", (SAMPLE, TIMESTEP, ENCODER_HIDDEN_STATES), (NOISE_PRED, DEEP), max_batch_size=16
+)
+UNET_SHALLOW = Model(
+    "unet_shallow",
+    (SAMPLE, TIMESTEP, ENCODER_HIDDEN_STATES, DEEP),
+    (NOISE_PRED,),
+    max_batch_size=16,
+)
 VAE_ENCODER = Model("vae_encoder", (PIXELS,), (LATENT,), max_batch_size=4)
 VAE_DECODER = Model("vae_decoder", (LATENT,), (PIXELS,), max_batch_size=4)
 
@@ -154,6 +165,8 @@ MODELS = {
         TEXT_ENCODER,
         FACE_ANALYZER,
         UNET,
+        UNET_DEEP,
+        UNET_SHALLOW,
         VAE_ENCODER,
         VAE_DECODER,
     )

@@ -18,10 +18,22 @@ import numpy as np
 
 from facefuse.core.errors import FacefuseError
 
-SCHEDULERS = ("dpm++", "ddim", "euler")
+SCHEDULERS = ("dpm++", "unipc", "ddim", "euler")
 DEFAULT_SCHEDULER = "dpm++"
 
 UnetFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class DeepCacheUnets:
+    """DeepCache's pair (:mod:`facefuse.models.deepcache`) on numpy arrays.
+
+    ``deep(sample, timestep, context) -> (noise, deep)``: the whole UNet, also returning the
+    deep features; ``shallow(sample, timestep, context, deep) -> noise``: the shallowest layers
+    on deep features from an earlier step."""
+
+    deep: Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+    shallow: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 class DenoiseCancelled(FacefuseError):
@@ -34,10 +46,16 @@ class DenoiseCancelled(FacefuseError):
 
 def make_scheduler(name: str, config: dict):
     """A diffusers scheduler built from an SD ``scheduler_config.json`` dict."""
-    from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
+    from diffusers import (
+        DDIMScheduler,
+        DPMSolverMultistepScheduler,
+        EulerDiscreteScheduler,
+        UniPCMultistepScheduler,
+    )
 
     classes = {
         "dpm++": DPMSolverMultistepScheduler,
+        "unipc": UniPCMultistepScheduler,
         "ddim": DDIMScheduler,
         "euler": EulerDiscreteScheduler,
     }
@@ -66,6 +84,9 @@ class LoopRequest:
     strength_map: np.ndarray | None = None
     latent_shape: tuple[int, int, int] = (4, 64, 64)
     cfg_truncation: float = 0.0  # skip the unconditional half for this last fraction of steps
+    # DeepCache: the whole UNet every N steps, its shallow layers on cached deep features
+    # between (N = 1: the plain UNet at every step; N > 1 needs ``denoise(deep_cache=...)``)
+    deep_cache_interval: int = 1
     # checked before every step; True stops the loop with DenoiseCancelled (in Triton:
     # ``request.is_cancelled``), so a cancelled request frees its slot at the next step
     should_stop: Callable[[], bool] | None = None
@@ -77,6 +98,7 @@ class LoopResult:
     steps_run: int
     unet_calls: int
     unet_rows: int
+    shallow_calls: int = 0  # of unet_calls, those that ran DeepCache's shallow graph
 
 
 def initial_noise(seed: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -84,11 +106,21 @@ def initial_noise(seed: int, shape: tuple[int, ...]) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def denoise(unet: UnetFn, scheduler, request: LoopRequest) -> LoopResult:
-    """Run the loop; img2img when ``init_latents`` is given, blending outside the mask."""
+def denoise(
+    unet: UnetFn, scheduler, request: LoopRequest, deep_cache: DeepCacheUnets | None = None
+) -> LoopResult:
+    """Run the loop; img2img when ``init_latents`` is given, blending outside the mask.
+
+    With ``request.deep_cache_interval`` N > 1, step i runs ``deep_cache.deep`` when i % N == 0
+    and ``deep_cache.shallow`` on the deep features it returned otherwise (the conditional row's
+    features when CFG truncation drops the unconditional half); ``unet`` is not called."""
     import torch
 
     r = request
+    if r.deep_cache_interval < 1:
+        raise ValueError(f"deep_cache_interval must be >= 1, got {r.deep_cache_interval}")
+    if r.deep_cache_interval > 1 and deep_cache is None:
+        raise ValueError("deep_cache_interval > 1 needs the DeepCache pair (unet_deep/shallow)")
     shape = r.init_latents.shape if r.init_latents is not None else r.latent_shape
     noise = torch.from_numpy(initial_noise(r.seed, (1, *shape)))
     scheduler.set_timesteps(r.steps)
@@ -113,7 +145,19 @@ def denoise(unet: UnetFn, scheduler, request: LoopRequest) -> LoopResult:
     context_both = np.stack([r.cond, r.uncond]).astype(np.float32)
     context_cond = context_both[:1]
     guided_steps = len(timesteps) - int(len(timesteps) * r.cfg_truncation)
-    calls = rows = 0
+    calls = rows = shallow_calls = 0
+    cached = None  # DeepCache's deep features of the last full step, [rows, C, h, w]
+
+    def predict(i: int, sample: np.ndarray, times: np.ndarray, context: np.ndarray):
+        nonlocal cached, shallow_calls
+        if r.deep_cache_interval == 1:
+            return unet(sample, times, context)
+        if i % r.deep_cache_interval == 0 or cached is None or len(cached) < len(sample):
+            pred, cached = deep_cache.deep(sample, times, context)
+            return pred
+        shallow_calls += 1
+        return deep_cache.shallow(sample, times, context, cached[: len(sample)])
+
     for i, t in enumerate(timesteps):
         if r.should_stop is not None and r.should_stop():
             raise DenoiseCancelled(i, len(timesteps))
@@ -122,10 +166,11 @@ def denoise(unet: UnetFn, scheduler, request: LoopRequest) -> LoopResult:
         if use_cfg:
             sample = np.concatenate([model_input, model_input])
             times = np.full((2,), float(t), dtype=np.float32)
-            pred = unet(sample, times, context_both)
+            pred = predict(i, sample, times, context_both)
             noise_pred = pred[1] + r.guidance * (pred[0] - pred[1])
         else:
-            pred = unet(model_input, np.full((1,), float(t), dtype=np.float32), context_cond)
+            times = np.full((1,), float(t), dtype=np.float32)
+            pred = predict(i, model_input, times, context_cond)
             noise_pred = pred[0]
         calls += 1
         rows += len(pred)
@@ -141,4 +186,4 @@ def denoise(unet: UnetFn, scheduler, request: LoopRequest) -> LoopResult:
                 step_mask = mask * (share > remaining).to(mask.dtype)
             latents = (1 - step_mask) * proper + step_mask * latents
     out = latents[0].numpy().astype(np.float32)
-    return LoopResult(latents=out, steps_run=len(timesteps), unet_calls=calls, unet_rows=rows)
+    return LoopResult(out, len(timesteps), calls, rows, shallow_calls)

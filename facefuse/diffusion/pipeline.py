@@ -17,7 +17,13 @@ import numpy as np
 
 from facefuse.core.contract import TARGET_IMAGE
 from facefuse.core.limits import DEFAULT_LIMITS, GenerationParams, Limits, check_params
-from facefuse.diffusion.loop import DEFAULT_SCHEDULER, LoopRequest, denoise, make_scheduler
+from facefuse.diffusion.loop import (
+    DEFAULT_SCHEDULER,
+    DeepCacheUnets,
+    LoopRequest,
+    denoise,
+    make_scheduler,
+)
 from facefuse.diffusion.manifest import PipelineManifest
 
 DEFAULT_STEPS = 20
@@ -36,6 +42,7 @@ class Stages:
     encode_image: Callable[[np.ndarray], np.ndarray]
     unet: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
     decode_latents: Callable[[np.ndarray], np.ndarray]
+    deep_cache: DeepCacheUnets | None = None  # the unet_deep / unet_shallow pair, when served
 
 
 @dataclass
@@ -102,17 +109,27 @@ class Pipeline:
         cfg_truncation: float = 0.0,
         variant: str = "fp32",
         upper_face_strength: float = 1.0,
+        deep_cache_interval: int = 1,
     ):
         """``adaptive_steps``: fusion requests that give no STEPS (``fuse(..., auto_steps=
         True)``) get 15..30 steps from the face's complexity (:mod:`.adaptive`).
         ``cfg_truncation``: skip the unconditional half for this last fraction of steps.
         ``upper_face_strength``: the share of STRENGTH the eyes and brows get (1: the whole
         face alike); the mouth and chin always get all of it
-        (:func:`~facefuse.face.mask.upper_face_weight`)."""
+        (:func:`~facefuse.face.mask.upper_face_weight`).
+        ``deep_cache_interval``: N > 1 runs DeepCache (the whole UNet every N steps, its
+        shallow layers between; ``stages.deep_cache`` must be given)."""
         if not 0.0 <= cfg_truncation <= 1.0:
             raise ValueError(f"cfg_truncation must be in [0, 1], got {cfg_truncation}")
         if not 0.0 <= upper_face_strength <= 1.0:
             raise ValueError(f"upper_face_strength must be in [0, 1], got {upper_face_strength}")
+        if deep_cache_interval < 1 or (deep_cache_interval > 1 and stages.deep_cache is None):
+            raise ValueError(
+                f"deep_cache_interval must be 1, or > 1 with the unet_deep/unet_shallow "
+                f"models; got {deep_cache_interval}"
+                + ("" if stages.deep_cache is not None else " without them")
+            )
+        self.deep_cache_interval = deep_cache_interval
         self.upper_face_strength = upper_face_strength
         self.stages = stages
         self.manifest = manifest
@@ -135,7 +152,10 @@ class Pipeline:
 
     def _denoise(self, timer: Timer, request: LoopRequest):
         scheduler = make_scheduler(self.scheduler_name, self.manifest.scheduler_config)
-        return timer.run("denoise", denoise, self.stages.unet, scheduler, request)
+        request.deep_cache_interval = self.deep_cache_interval
+        return timer.run(
+            "denoise", denoise, self.stages.unet, scheduler, request, self.stages.deep_cache
+        )
 
     def fuse(
         self,
@@ -246,6 +266,8 @@ class Pipeline:
             "guidance": params.guidance,
             "seed": params.seed,
             "unet_calls": result.unet_calls,
+            "deep_cache_interval": self.deep_cache_interval,
+            "shallow_calls": result.shallow_calls,
             "cfg_truncation": self.cfg_truncation,
             "upper_face_strength": self.upper_face_strength,
             "variant": self.variant,

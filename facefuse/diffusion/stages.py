@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from facefuse.core.contract import SOURCE_IMAGE, TARGET_IMAGE
+from facefuse.diffusion.loop import DeepCacheUnets
 from facefuse.diffusion.pipeline import Stages
 
 
@@ -39,17 +40,23 @@ def local_stages(
         open_session,
         threads_per_part,
     )
-    from facefuse.runtime.variants import variant_files
+    from facefuse.runtime.variants import DEEP_CACHE_MODELS, variant_files
 
     root = Path(repository)
     parts, unet_threads = unet_parts or (1, intra_op_threads)
     unet_threads = threads_per_part(unet_threads, parts)
     sessions = {}
     for name, file in variant_files(variant).items():
+        if name in DEEP_CACHE_MODELS and not (root / name / "1" / file).is_file():
+            continue  # a repository exported before DeepCache: the pipeline runs interval 1
         check_cpu_fits(root / name / "1" / file)  # a clear refusal instead of an OOM kill
-        threads = unet_threads if name == "unet" else intra_op_threads
+        threads = unet_threads if name.startswith("unet") else intra_op_threads
         sessions[name] = open_session(root / name / "1" / file, SessionOptions(threads))
-    run_unet = PartsRunner(lambda feeds: sessions["unet"].run(None, feeds), parts)
+    runners = {
+        name: PartsRunner(lambda feeds, name=name: sessions[name].run(None, feeds), parts)
+        for name in ("unet", *DEEP_CACHE_MODELS)
+        if name in sessions
+    }
     tokenizer = load_tokenizer(root / "prompt_optimizer" / "1")
 
     def analyze_faces(source: bytes, target: bytes, size: int):
@@ -72,9 +79,23 @@ def local_stages(
 
     def unet(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
         feeds = {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
-        return run_unet(feeds)[0]
+        return runners["unet"](feeds)[0]
+
+    def unet_deep(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
+        feeds = {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
+        noise, deep = runners["unet_deep"](feeds)
+        return noise, deep
+
+    def unet_shallow(sample, timestep, context, deep):
+        feeds = {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
+        return runners["unet_shallow"]({**feeds, "deep": deep})[0]
 
     def decode_latents(latents: np.ndarray):
         return sessions["vae_decoder"].run(None, {"latent": latents})[0]
 
-    return Stages(analyze_faces, optimize_prompt, encode_text, encode_image, unet, decode_latents)
+    deep_cache = None
+    if all(name in sessions for name in DEEP_CACHE_MODELS):
+        deep_cache = DeepCacheUnets(unet_deep, unet_shallow)
+    return Stages(
+        analyze_faces, optimize_prompt, encode_text, encode_image, unet, decode_latents, deep_cache
+    )

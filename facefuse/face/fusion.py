@@ -24,7 +24,7 @@ from facefuse.face import detect, geometry
 from facefuse.face.color import match_color
 from facefuse.face.detect import Face, detect_face
 from facefuse.face.imageio import PixelError
-from facefuse.face.mask import feathered_ellipse
+from facefuse.face.mask import FEATHER, feathered_ellipse
 
 SOURCE_FIELD, TARGET_FIELD = SOURCE_IMAGE.name, TARGET_IMAGE.name
 
@@ -133,8 +133,10 @@ def prepare_fusion(
     target_rgb: np.ndarray,
     size: int,
     stages: Sequence[str] | None = None,
+    feather: float = FEATHER,
 ) -> FusionPlan:
-    """Detect, align, colour-match and mask; see the module docstring.
+    """Detect, align, colour-match and mask (``feather``: the mask's ramp width as a share of
+    the face ellipse's shorter semi-axis); see the module docstring.
 
     Raises NoFaceFound(SOURCE_FIELD) or NoFaceFound(TARGET_FIELD) when a face is missing.
     """
@@ -170,7 +172,7 @@ def prepare_fusion(
         flags=cv2.INTER_LINEAR,
     )
     target_crop = _crop(target_rgb, box, size)
-    mask = feathered_ellipse(crop_ellipse, (size, size))
+    mask = feathered_ellipse(crop_ellipse, (size, size), feather)
 
     face_region = mask > 0.5
     matched = match_color(warped, target_crop, face_region & (coverage > 0.99), face_region)

@@ -27,9 +27,14 @@ def filled_ellipse(ellipse: Ellipse, shape: tuple[int, int]) -> np.ndarray:
     return canvas.astype(np.float32)
 
 
-def feathered_ellipse(ellipse: Ellipse, shape: tuple[int, int]) -> np.ndarray:
-    """Soft mask: the ellipse shrunk by the feather width, then Gaussian-blurred by it."""
-    feather = max(1.0, FEATHER * min(ellipse.axes))
+def feathered_ellipse(
+    ellipse: Ellipse, shape: tuple[int, int], feather: float = FEATHER
+) -> np.ndarray:
+    """Soft mask: the ellipse shrunk by the feather width (``feather`` x its shorter
+    semi-axis, at least 1 px), then Gaussian-blurred by it."""
+    if not 0.0 < feather < 1.0:
+        raise ValueError(f"feather must be in (0, 1), got {feather}")
+    feather = max(1.0, feather * min(ellipse.axes))
     inner = Ellipse(
         ellipse.centre,
         (max(0.0, ellipse.axes[0] - feather), max(0.0, ellipse.axes[1] - feather)),

@@ -21,15 +21,18 @@ PRECISIONS = ("fp32", "int8", "fp16")
 TARGETS = ("cpu", "gpu")
 REFERENCE = "fp32"
 
-ONNX_MODELS = ("text_encoder", "unet", "vae_encoder", "vae_decoder")
+ONNX_MODELS = ("text_encoder", "unet", "unet_deep", "unet_shallow", "vae_encoder", "vae_decoder")
+# the DeepCache pair (facefuse.models.deepcache): CPU only, served beside ``unet``
+DEEP_CACHE_MODELS = ("unet_deep", "unet_shallow")
 
 # INT8 (dynamic, MatMul/Gemm only): the UNet is ~90% of the compute; the VAEs are
 # convolution-bound (quantised convolutions made the SD-1.5 UNet 2x slower on ORT CPU) and the
-# text encoder is served through the prefix-KV cache, so only the UNet gets an INT8 file.
+# text encoder is served through the prefix-KV cache, so only the UNet (and its DeepCache pair)
+# gets an INT8 file.
 # FP16 (GPU): every graph that a native GPU backend serves.
 VARIANT_MODELS: dict[str, tuple[str, ...]] = {
     "fp32": ("unet", "vae_encoder", "vae_decoder"),  # the FP32 fallback models on GPU
-    "int8": ("unet",),
+    "int8": ("unet", *DEEP_CACHE_MODELS),
     "fp16": ("unet", "vae_encoder", "vae_decoder"),
 }
 

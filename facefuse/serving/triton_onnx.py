@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from facefuse.core import metrics
+from facefuse.core.contract import TIMESTEP
 from facefuse.core.errors import ModelLoadError
 from facefuse.core.limits import DEFAULT_LIMITS, check_tensor
 from facefuse.gpu.runtime import ONNX_RUNTIME, open_torch_session, runtime_of, torch_kind
@@ -160,3 +161,13 @@ class OnnxTritonModel:
     def finalize(self) -> None:
         self.runner.close()
         self.session = None
+
+
+class LatentOnnxModel(OnnxTritonModel):
+    """The UNet family (``unet``, ``unet_deep``, ``unet_shallow``): latents whose sides are
+    multiples of 8 (three down-samplings in SD 1.x), timestep [B, 1] in Triton, [B] in the
+    graph."""
+
+    FLATTEN = (TIMESTEP.name,)
+    SPATIAL_MULTIPLE = 8
+    SIDE_SCALE = 8

@@ -20,6 +20,7 @@ from facefuse.diffusion.pipeline import Pipeline, params_from
 from facefuse.runtime.memory import MIB, FallbackController, gpu_free
 from facefuse.runtime.variants import VariantRoutes, variant_model_names
 from facefuse.serving.triton_io import TritonMetric, error_response, get_scalar
+from facefuse.serving.triton_onnx import int_parameter
 from facefuse.serving.triton_stages import bls_stages
 
 
@@ -38,6 +39,7 @@ class PipelineTritonModel:
             "adaptive_steps": params.get("adaptive_steps", "false").lower() == "true",
             "cfg_truncation": float(params.get("cfg_truncation", "0")),
             "upper_face_strength": float(params.get("upper_face_strength", "1")),
+            "deep_cache_interval": int_parameter(params, "deep_cache_interval", 1, 1, self.name),
         }
         # variants: `precision` = what the base models serve; a `candidate_share` of requests
         # runs `candidate_variant` (A/B); low GPU memory / OOM switches to the fp32 models
@@ -67,8 +69,12 @@ class PipelineTritonModel:
     def _pipeline_for(self, variant: str, models: dict[str, str]) -> Pipeline:
         """The pipeline of ``variant`` (built once), also made the current ``self.pipeline``."""
         if variant not in self._pipelines:
+            deep_cache = self.pipeline_options["deep_cache_interval"] > 1
             self._pipelines[variant] = Pipeline(
-                bls_stages(models), self.manifest, variant=variant, **self.pipeline_options
+                bls_stages(models, deep_cache),
+                self.manifest,
+                variant=variant,
+                **self.pipeline_options,
             )
         self.variant, self.pipeline = variant, self._pipelines[variant]
         return self.pipeline

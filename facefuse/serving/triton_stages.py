@@ -11,17 +11,19 @@ import json
 import numpy as np
 
 from facefuse.core import contract as c
+from facefuse.diffusion.loop import DeepCacheUnets
 from facefuse.diffusion.pipeline import Stages
 from facefuse.serving.triton_io import bls, bytes_array
 
 
-def bls_stages(models: dict[str, str] | None = None) -> Stages:
+def bls_stages(models: dict[str, str] | None = None, deep_cache: bool = False) -> Stages:
     """Stages that call the other models of the repository (inside a Python-backend stub).
 
-    ``models`` maps ``unet``/``vae_encoder``/``vae_decoder`` to the Triton model to call
-    (``facefuse.runtime.variants.variant_model_names``: A/B candidate, FP32 fallback)."""
-    names = {c.UNET.name: c.UNET.name, c.VAE_ENCODER.name: c.VAE_ENCODER.name}
-    names[c.VAE_DECODER.name] = c.VAE_DECODER.name
+    ``models`` maps ``unet``/``unet_deep``/``unet_shallow``/``vae_encoder``/``vae_decoder``
+    to the Triton model to call (``facefuse.runtime.variants.variant_model_names``: A/B
+    candidate, FP32 fallback); ``deep_cache``: give the loop the DeepCache pair."""
+    served = (c.UNET, c.UNET_DEEP, c.UNET_SHALLOW, c.VAE_ENCODER, c.VAE_DECODER)
+    names = {m.name: m.name for m in served}
     names.update({k: v for k, v in (models or {}).items() if k in names})
 
     def analyze_faces(source: bytes, target: bytes, size: int):
@@ -65,8 +67,29 @@ def bls_stages(models: dict[str, str] | None = None) -> Stages:
         }
         return bls(names[c.UNET.name], inputs, (c.NOISE_PRED.name,))[c.NOISE_PRED.name]
 
+    def unet_deep(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
+        inputs = {
+            c.SAMPLE.name: sample,
+            c.TIMESTEP.name: timestep.reshape(-1, 1).astype(np.float32),
+            c.ENCODER_HIDDEN_STATES.name: context,
+        }
+        out = bls(names[c.UNET_DEEP.name], inputs, c.UNET_DEEP.output_names)
+        return out[c.NOISE_PRED.name], out[c.DEEP.name]
+
+    def unet_shallow(sample, timestep, context, deep):
+        inputs = {
+            c.SAMPLE.name: sample,
+            c.TIMESTEP.name: timestep.reshape(-1, 1).astype(np.float32),
+            c.ENCODER_HIDDEN_STATES.name: context,
+            c.DEEP.name: deep,
+        }
+        return bls(names[c.UNET_SHALLOW.name], inputs, (c.NOISE_PRED.name,))[c.NOISE_PRED.name]
+
     def decode_latents(latents: np.ndarray):
         out = bls(names[c.VAE_DECODER.name], {c.LATENT.name: latents}, (c.PIXELS.name,))
         return out[c.PIXELS.name]
 
-    return Stages(analyze_faces, optimize_prompt, encode_text, encode_image, unet, decode_latents)
+    pair = DeepCacheUnets(unet_deep, unet_shallow) if deep_cache else None
+    return Stages(
+        analyze_faces, optimize_prompt, encode_text, encode_image, unet, decode_latents, pair
+    )

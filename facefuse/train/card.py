@@ -14,7 +14,7 @@ fused faces at {size} px (latents {latent}x{latent}x32). It is the default that
 | `text_encoder/` | `CLIPTextModel`, {text_layers} layers, hidden {text_hidden} | trained jointly |
 | `tokenizer/` | the real CLIP BPE vocabulary (vocab.json, merges.txt) | - |
 | `vae/` | TAEF2 (MIT), frozen; latent shift {shift:.4f}, scale {scale:.4f} | pretrained |
-| `scheduler/` | SD 1.x DDPM schedule (scaled linear, 1000 steps, epsilon) | - |
+| `scheduler/` | SD 1.x DDPM schedule (scaled linear, 1000 steps, {prediction}) | - |
 
 The text tower is trained with the UNet, from scratch: a random CLIP tower's features carry no
 meaning, and no pretrained one can be downloaded here.
@@ -22,7 +22,10 @@ meaning, and no pretrained one can be downloaded here.
 ## Training
 - Command: `{command}`
 - Steps {steps}, batch {batch}, AdamW lr {lr} (cosine, warm-up {warmup}), EMA {ema},
-  min-SNR gamma {snr}, conditioning dropout {dropout} (empty or the default negative prompt).
+  {prediction} target, min-SNR gamma {snr}, conditioning dropout {dropout} (empty or the
+  default negative prompt); {focus_share:.0%} of the training timesteps drawn below t =
+  {focus_timestep} (img2img at strength s starts at t = 1000 s; the served strengths are
+  below 0.7), the rest over the whole schedule.
 - Wall time: {minutes} min of training on a 2-core CPU (latent preparation not included);
   final loss {loss}.
 - Crops: {photos} photos, each face found by the pipeline's detector and cut with its face
@@ -63,6 +66,9 @@ def model_card(extra: dict) -> str:
         warmup=config["warmup"],
         ema=config["ema_decay"],
         snr=config["snr_gamma"],
+        prediction=config.get("prediction", "epsilon"),
+        focus_share=config.get("focus_share", 0.0),
+        focus_timestep=config.get("focus_timestep", 1000),
         dropout=config["cond_dropout"],
         minutes=extra["train_minutes"],
         loss=f"{extra['final_loss']:.4f}" if extra["final_loss"] is not None else "n/a",

@@ -5,9 +5,10 @@ import json
 import numpy as np
 
 from facefuse.core.contract import COMPOSITE, CROP_BOX, MASK, SIZE, SOURCE_IMAGE, TARGET_IMAGE
-from facefuse.core.errors import InvalidInput
+from facefuse.core.errors import InvalidInput, ModelLoadError
 from facefuse.face.fusion import prepare_fusion, warm_up
 from facefuse.face.imageio import decode_image
+from facefuse.face.mask import FEATHER
 from facefuse.serving.triton_io import get_bytes, get_scalar, pb_utils, respond_each
 
 MIN_SIZE, MAX_SIZE = 64, 2048
@@ -15,7 +16,12 @@ MIN_SIZE, MAX_SIZE = 64, 2048
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.name = json.loads(args["model_config"])["name"]
+        config = json.loads(args["model_config"])
+        self.name = config["name"]
+        raw = config.get("parameters", {}).get("feather", {}).get("string_value", str(FEATHER))
+        self.feather = float(raw)
+        if not 0.0 < self.feather < 1.0:
+            raise ModelLoadError(f"{self.name}: parameter feather must be in (0, 1), got {raw!r}")
         warm_up()  # build the detectors now, not on the first request
 
     def _handle(self, request):
@@ -25,7 +31,9 @@ class TritonPythonModel:
             raise InvalidInput(SIZE.name, f"must be a multiple of 8 in {MIN_SIZE}..{MAX_SIZE}")
         source = decode_image(get_bytes(request, SOURCE_IMAGE.name), SOURCE_IMAGE.name)
         target = decode_image(get_bytes(request, TARGET_IMAGE.name), TARGET_IMAGE.name)
-        composite, mask, crop_box = prepare_fusion(source, target, size).to_arrays()
+        composite, mask, crop_box = prepare_fusion(
+            source, target, size, feather=self.feather
+        ).to_arrays()
         return pb.InferenceResponse(
             output_tensors=[
                 pb.Tensor(COMPOSITE.name, np.ascontiguousarray(composite, dtype=np.float32)),

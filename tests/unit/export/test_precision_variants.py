@@ -166,6 +166,8 @@ def test_variant_names_and_files():
     assert variant_files("int8") == {
         "text_encoder": "model.onnx",
         "unet": "model.int8.onnx",
+        "unet_deep": "model.int8.onnx",
+        "unet_shallow": "model.int8.onnx",
         "vae_encoder": "model.onnx",
         "vae_decoder": "model.onnx",
     }

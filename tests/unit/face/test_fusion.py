@@ -236,3 +236,15 @@ def test_match_color_moves_statistics_to_the_target():
     np.testing.assert_allclose(got, want, atol=0.03)
     empty = np.zeros((64, 64), bool)
     np.testing.assert_array_equal(match_color(source, target, empty, region), source)
+
+
+def test_feather_widens_the_ramp_and_out_of_range_is_refused():
+    from facefuse.face.geometry import Ellipse
+    from facefuse.face.mask import feathered_ellipse
+
+    ellipse = Ellipse((64.0, 64.0), (30.0, 40.0), 0.0)
+    narrow, wide = (feathered_ellipse(ellipse, (128, 128), f) for f in (0.1, 0.3))
+    ramp = lambda m: int(((m > 0) & (m < 1)).sum())  # noqa: E731
+    assert ramp(wide) > ramp(narrow) and (wide == 1).sum() < (narrow == 1).sum()
+    with pytest.raises(ValueError, match="feather"):
+        feathered_ellipse(ellipse, (128, 128), 1.5)

@@ -29,12 +29,15 @@ def test_routes_pick_models_for_candidate_and_after_fallback():
         {
             "text_encoder": "text_encoder",
             "unet": "unet",
+            "unet_deep": "unet_deep",
+            "unet_shallow": "unet_shallow",
             "vae_encoder": "vae_encoder",
             "vae_decoder": "vae_decoder",
         },
     )
     variant, models = routes.pick("fp32")
     assert variant == "int8" and models["unet"] == "unet_int8"
+    assert models["unet_shallow"] == "unet_shallow_int8"
     gpu = VariantRoutes("fp16", None, 0.9)
     assert gpu.pick("fp16")[0] == "fp16"  # no candidate: the share is ignored
     variant, models = gpu.pick("fp32")  # after a fallback
@@ -69,7 +72,9 @@ def pipeline_model(monkeypatch, tmp_path):
     PipelineManifest("m", 256, 8, 64, 0, SD1_SCHEDULER).save(tmp_path / "1" / "pipeline.json")
     _Counter.instances = []
     monkeypatch.setattr(triton_pipeline, "TritonMetric", _Counter)
-    monkeypatch.setattr(triton_pipeline, "bls_stages", lambda models=None: dict(models or {}))
+    monkeypatch.setattr(
+        triton_pipeline, "bls_stages", lambda models=None, deep_cache=False: dict(models or {})
+    )
     monkeypatch.setattr(triton_pipeline, "error_response", lambda exc, model: f"error: {exc}")
 
     class Model(triton_pipeline.PipelineTritonModel):

@@ -1,0 +1,169 @@
+"""Judge the pipeline's quality trades on held-out people through the served model.
+
+``python -m facefuse.bench.trades --repository model_repository --ids-file F --out DIR``
+runs ``facefuse fusion-eval`` once per trade in :data:`TRADES` on the same pairs and seed,
+each on a copy of the repository (files hard-linked, configs edited as Triton
+``ModelConfig`` messages by :mod:`facefuse.export.configs`), and writes ``DIR/trades.json``
+and ``DIR/trades.md``: one row per trade with the identity, expression and PSNR figures.
+Each trade changes one thing against ``base`` (the repository as exported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from facefuse.core.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class Trade:
+    name: str
+    pipeline: dict = field(default_factory=dict)  # facefusion config.pbtxt parameters
+    analyzer: dict = field(default_factory=dict)  # face_analyzer config.pbtxt parameters
+    unet_file: str | None = None  # unet `onnx_file` parameter (None: as exported)
+    request: dict = field(default_factory=dict)  # fusion-eval --strength/--steps/--guidance
+
+
+TRADES = (
+    Trade("base"),
+    Trade("fp32 unet", {"precision": "fp32"}, unet_file="model.onnx"),
+    Trade("strength 0.3", request={"strength": 0.3}),
+    Trade("strength 0.4", request={"strength": 0.4}),
+    Trade("strength 0.6", request={"strength": 0.6}),
+    Trade("guidance 1", request={"guidance": 1.0}),
+    Trade("guidance 3", request={"guidance": 3.0}),
+    Trade("guidance 5", request={"guidance": 5.0}),
+    Trade("steps 10", request={"steps": 10}),
+    Trade("steps 30", request={"steps": 30}),
+    Trade("adaptive steps", {"adaptive_steps": "true"}),
+    Trade("cfg truncation 0.3", {"cfg_truncation": "0.3"}),
+    Trade("upper face 0.5", {"upper_face_strength": "0.5"}),
+    Trade("feather 0.1", analyzer={"feather": "0.1"}),
+    Trade("feather 0.3", analyzer={"feather": "0.3"}),
+    Trade("ddim", {"scheduler": "ddim"}),
+    Trade("unipc", {"scheduler": "unipc"}),
+    Trade("deepcache 2", {"deep_cache_interval": "2"}),
+    Trade("deepcache 3", {"deep_cache_interval": "3"}),
+)
+# what the server says it ran (INFO of the first response)
+SERVED_KEYS = ("variant", "scheduler", "steps_run", "unet_calls", "shallow_calls", "guidance")
+SERVED_KEYS += ("strength", "cfg_truncation", "upper_face_strength", "deep_cache_interval")
+FORMATS = {"face found": ".0%", "nearer A": ".0%", "smile wider": ".0%", "median d(A)": ".3f"}
+FORMATS |= {"smile/neutral": ".3f", "PSNR out min": ".1f"}
+COLUMNS = ("face found", "nearer A", "median d(A)", "smile wider", "smile/neutral", "PSNR out min")
+
+
+def variant_repository(source: Path, dest: Path, trade: Trade) -> Path:
+    """``source`` copied to ``dest`` with ``trade``'s config edits (weights hard-linked)."""
+    from facefuse.export import configs
+
+    if dest.exists():
+        shutil.rmtree(dest)
+
+    def link(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, dest, copy_function=link)
+    edits = {"facefusion": trade.pipeline, "face_analyzer": trade.analyzer}
+    if trade.unet_file:
+        edits["unet"] = {"onnx_file": trade.unet_file}
+    for model, params in edits.items():
+        path = dest / model / "config.pbtxt"
+        path.unlink()  # a hard link: edit a fresh file, never the source repository's
+        config = configs.read(source / model / "config.pbtxt")
+        for key, value in params.items():
+            configs.set_parameter(config, key, value)
+        configs.write(config, path, generated_by=f"facefuse.bench.trades ({trade.name})")
+    return dest
+
+
+def row(trade: Trade, report: dict) -> dict:
+    s = report["summary"]
+    neutral, smile, effect = s["neutral"], s["smile"], s["instruction_effect"]
+    info = report["config"].get("served_info", {})
+    return {
+        "trade": trade.name,
+        "face found": min(neutral["face_found_share"], smile["face_found_share"]),
+        "nearer A": min(neutral["nearer_a_share"], smile["nearer_a_share"]),
+        "median d(A)": max(neutral["median_distance_a"], smile["median_distance_a"]),
+        "smile wider": effect["smile_wider_share"],
+        "smile/neutral": effect["median_smile_over_neutral"],
+        "PSNR out min": min(neutral["psnr_outside_min_db"], smile["psnr_outside_min_db"]),
+        "latency ms": s["latency_ms"]["median"],
+        "paste-only d(A)": s["paste_only"]["median_distance_a"],
+        "served": {k: info.get(k) for k in SERVED_KEYS},
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("trade", *COLUMNS, "latency ms")
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        cells = [r["trade"]]
+        for key in head[1:]:
+            cells.append(format(r[key], FORMATS.get(key, ".0f")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m facefuse.bench.trades", description=__doc__)
+    parser.add_argument("--repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--sources", type=Path, default=Path("../shared/data/faces-london/neutral"))
+    parser.add_argument("--smiling", type=Path, default=None)
+    parser.add_argument("--ids-file", type=Path, required=True, help="held-out IDs, one a line")
+    parser.add_argument("--pairs", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default=None, help="comma-separated trade names")
+    parser.add_argument("--out", type=Path, default=Path("reports/trades"))
+    args = parser.parse_args(argv)
+    names = {t.name for t in TRADES}
+    chosen = TRADES if args.only is None else [t for t in TRADES if t.name in args.only.split(",")]
+    if args.only is not None and len(chosen) != len(args.only.split(",")):
+        raise InvalidInput("--only", f"names among {sorted(names)}")
+    if not (args.repository / "facefusion" / "config.pbtxt").is_file():
+        raise InvalidInput("--repository", f"{args.repository}: no facefusion model in it")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "trades.json"
+    rows = json.loads(results_path.read_text()) if results_path.is_file() else []
+    done = {r["trade"] for r in rows}
+    for trade in chosen:
+        if trade.name in done:
+            continue
+        folder = args.out / trade.name.replace(" ", "-")
+        repository = variant_repository(args.repository, args.out / ".repository", trade)
+        command = [
+            sys.executable, "-m", "facefuse.cli", "fusion-eval",
+            "--sources", str(args.sources), "--targets", str(args.sources),
+            "--ids-file", str(args.ids_file), "--pairs", str(args.pairs),
+            "--seed", str(args.seed), "--repository", str(repository), "--out", str(folder),
+        ]  # fmt: skip
+        for key, value in trade.request.items():
+            command += [f"--{key}", str(value)]
+        if args.smiling is not None and not rows:
+            command += ["--smiling", str(args.smiling)]
+        started = time.perf_counter()
+        subprocess.run(command, check=True)
+        report = json.loads((folder / "report.json").read_text())
+        rows.append({**row(trade, report), "seconds": round(time.perf_counter() - started)})
+        results_path.write_text(json.dumps(rows, indent=2))
+        print(f"{trade.name}: {rows[-1]}", flush=True)
+    shutil.rmtree(args.out / ".repository", ignore_errors=True)
+    (args.out / "trades.md").write_text(markdown(rows))
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
