@@ -17,6 +17,7 @@ BENCH_MODULES = (
     "facefuse.bench.unet",
     "facefuse.bench.e2e",
     "facefuse.bench.gpu",
+    "facefuse.bench.report",
 )
 
 

@@ -242,10 +242,11 @@ def run_baseline_a(model: str, levels, counts, source, target) -> dict:
 
 
 def in_process_pipeline(repository: Path):
-    """facefuse's default loop on the repository's ONNX files, without a server; the UNet
-    runs as the ``unet`` model's config says (served file, threads, parallel runs)."""
+    """facefuse's default loop on the repository's ONNX files, without a server; the loop
+    runs as ``facefusion``'s config says (scheduler, DeepCache, ...), the UNet as ``unet``'s
+    (served file, threads, parallel runs)."""
     from facefuse.diffusion.manifest import PipelineManifest
-    from facefuse.diffusion.pipeline import Pipeline
+    from facefuse.diffusion.pipeline import Pipeline, options_from_parameters
     from facefuse.diffusion.stages import local_stages
     from facefuse.export.configs import get_parameter, read
 
@@ -261,7 +262,9 @@ def in_process_pipeline(repository: Path):
         int(get_parameter(unet_config, "intra_op_threads", "0")),
     )
     stages = local_stages(repository, variant=variant, template=template, unet_parts=unet_parts)
-    return Pipeline(stages, manifest)
+    pipeline = read(repository / "facefusion" / "config.pbtxt")
+    params = {k: v.string_value for k, v in pipeline.parameters.items()}
+    return Pipeline(stages, manifest, **options_from_parameters(params))
 
 
 def run_in_process(repository: Path, levels, counts, source, target) -> dict:

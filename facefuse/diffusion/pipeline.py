@@ -72,6 +72,26 @@ def params_from(
     )
 
 
+def options_from_parameters(params: dict[str, str]) -> dict:
+    """:class:`Pipeline` keyword options from a pipeline model's config parameters (strings),
+    absent ones at their defaults; ValueError naming the parameter on a malformed value. The
+    served model (``facefuse.serving.triton_pipeline``) and the in-process benches read the
+    same ``facefusion/config.pbtxt`` through this."""
+    try:
+        interval = int(params.get("deep_cache_interval", "1"))
+        cfg_truncation = float(params.get("cfg_truncation", "0"))
+        upper_face_strength = float(params.get("upper_face_strength", "1"))
+    except ValueError as exc:
+        raise ValueError(f"pipeline parameter: {exc}") from None
+    return {
+        "scheduler": params.get("scheduler", DEFAULT_SCHEDULER),
+        "adaptive_steps": params.get("adaptive_steps", "false").lower() == "true",
+        "cfg_truncation": cfg_truncation,
+        "upper_face_strength": upper_face_strength,
+        "deep_cache_interval": interval,
+    }
+
+
 def to_nchw(image: np.ndarray) -> np.ndarray:
     """HxWx3 float in [0, 1] -> 1x3xHxW in [-1, 1]."""
     return (image.transpose(2, 0, 1)[None] * 2.0 - 1.0).astype(np.float32)

@@ -14,9 +14,9 @@ from pathlib import Path
 from facefuse.core import metrics
 from facefuse.core.contract import GUIDANCE, SEED, STEPS, STRENGTH
 from facefuse.core.errors import InvalidInput
-from facefuse.diffusion.loop import DEFAULT_SCHEDULER, DenoiseCancelled
+from facefuse.diffusion.loop import DenoiseCancelled
 from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
-from facefuse.diffusion.pipeline import Pipeline, params_from
+from facefuse.diffusion.pipeline import Pipeline, options_from_parameters, params_from
 from facefuse.runtime.memory import MIB, FallbackController, gpu_free
 from facefuse.runtime.variants import VariantRoutes, variant_model_names
 from facefuse.serving.triton_io import TritonMetric, error_response, get_scalar
@@ -34,13 +34,8 @@ class PipelineTritonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         manifest = PipelineManifest.load(version_dir / MANIFEST_NAME)
         self.manifest = manifest
-        self.pipeline_options = {
-            "scheduler": params.get("scheduler", DEFAULT_SCHEDULER),
-            "adaptive_steps": params.get("adaptive_steps", "false").lower() == "true",
-            "cfg_truncation": float(params.get("cfg_truncation", "0")),
-            "upper_face_strength": float(params.get("upper_face_strength", "1")),
-            "deep_cache_interval": int_parameter(params, "deep_cache_interval", 1, 1, self.name),
-        }
+        int_parameter(params, "deep_cache_interval", 1, 1, self.name)  # ModelLoadError naming it
+        self.pipeline_options = options_from_parameters(params)
         # variants: `precision` = what the base models serve; a `candidate_share` of requests
         # runs `candidate_variant` (A/B); low GPU memory / OOM switches to the fp32 models
         served = params.get("precision", "fp32")

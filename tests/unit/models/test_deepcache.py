@@ -98,3 +98,13 @@ def test_an_interval_without_the_pair_or_below_one_is_refused():
         denoise(_Counting().plain, scheduler, _request(deep_cache_interval=2))
     with pytest.raises(ValueError, match=">= 1"):
         denoise(_Counting().plain, scheduler, _request(deep_cache_interval=0))
+
+
+def test_pipeline_options_come_from_the_config_parameters_and_bad_values_name_it():
+    from facefuse.diffusion.pipeline import options_from_parameters
+
+    options = options_from_parameters({"deep_cache_interval": "3", "scheduler": "unipc"})
+    assert options["deep_cache_interval"] == 3 and options["scheduler"] == "unipc"
+    assert options_from_parameters({})["deep_cache_interval"] == 1
+    with pytest.raises(ValueError, match="pipeline parameter"):
+        options_from_parameters({"deep_cache_interval": "two"})
