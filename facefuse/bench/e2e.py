@@ -261,7 +261,17 @@ def in_process_pipeline(repository: Path):
         int(get_parameter(unet_config, "parallel_runs", "1")),
         int(get_parameter(unet_config, "intra_op_threads", "0")),
     )
-    stages = local_stages(repository, variant=variant, template=template, unet_parts=unet_parts)
+    unet_runtime = (
+        get_parameter(unet_config, "runtime", "onnxruntime"),
+        get_parameter(unet_config, "openvino_precision", "bf16"),
+    )
+    stages = local_stages(
+        repository,
+        variant=variant,
+        template=template,
+        unet_parts=unet_parts,
+        unet_runtime=unet_runtime,
+    )
     pipeline = read(repository / "facefusion" / "config.pbtxt")
     params = {k: v.string_value for k, v in pipeline.parameters.items()}
     return Pipeline(stages, manifest, **options_from_parameters(params))

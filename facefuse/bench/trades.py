@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from facefuse.core.errors import InvalidInput
+from facefuse.runtime.variants import DEEP_CACHE_MODELS
 
 
 @dataclass(frozen=True)
@@ -28,13 +29,18 @@ class Trade:
     name: str
     pipeline: dict = field(default_factory=dict)  # facefusion config.pbtxt parameters
     analyzer: dict = field(default_factory=dict)  # face_analyzer config.pbtxt parameters
-    unet_file: str | None = None  # unet `onnx_file` parameter (None: as exported)
+    unet: dict = field(default_factory=dict)  # parameters of unet, unet_deep and unet_shallow
     request: dict = field(default_factory=dict)  # fusion-eval --strength/--steps/--guidance
 
 
 TRADES = (
     Trade("base"),
-    Trade("fp32 unet", {"precision": "fp32"}, unet_file="model.onnx"),
+    Trade("fp32 unet", {"precision": "fp32"}, unet={"onnx_file": "model.onnx"}),
+    Trade(
+        "openvino bf16",
+        {"precision": "fp32"},  # the fp32 graph, run by OpenVINO in bfloat16 where the CPU can
+        unet={"onnx_file": "model.onnx", "runtime": "openvino", "openvino_precision": "bf16"},
+    ),
     Trade("strength 0.3", request={"strength": 0.3}),
     Trade("strength 0.4", request={"strength": 0.4}),
     Trade("strength 0.6", request={"strength": 0.6}),
@@ -42,13 +48,10 @@ TRADES = (
     Trade("guidance 3", request={"guidance": 3.0}),
     Trade("guidance 5", request={"guidance": 5.0}),
     Trade("steps 10", request={"steps": 10}),
-    Trade("steps 30", request={"steps": 30}),
     Trade("adaptive steps", {"adaptive_steps": "true"}),
     Trade("cfg truncation 0.3", {"cfg_truncation": "0.3"}),
     Trade("upper face 0.5", {"upper_face_strength": "0.5"}),
-    Trade("feather 0.1", analyzer={"feather": "0.1"}),
     Trade("feather 0.3", analyzer={"feather": "0.3"}),
-    Trade("ddim", {"scheduler": "ddim"}),
     Trade("unipc", {"scheduler": "unipc"}),
     Trade("deepcache 2", {"deep_cache_interval": "2"}),
     Trade("deepcache 3", {"deep_cache_interval": "3"}),
@@ -76,9 +79,10 @@ def variant_repository(source: Path, dest: Path, trade: Trade) -> Path:
 
     shutil.copytree(source, dest, copy_function=link)
     edits = {"facefusion": trade.pipeline, "face_analyzer": trade.analyzer}
-    if trade.unet_file:
-        edits["unet"] = {"onnx_file": trade.unet_file}
+    edits |= {model: trade.unet for model in ("unet", *DEEP_CACHE_MODELS)}
     for model, params in edits.items():
+        if not params:
+            continue
         path = dest / model / "config.pbtxt"
         path.unlink()  # a hard link: edit a fresh file, never the source repository's
         config = configs.read(source / model / "config.pbtxt")

@@ -38,7 +38,8 @@ from facefuse.core.errors import ModelLoadError
 log = logging.getLogger("facefuse.gpu")
 
 ONNX_RUNTIME = "onnxruntime"
-RUNTIMES = (ONNX_RUNTIME, "torch-cuda", "torch-cpu")
+OPENVINO = "openvino"  # CPU, the exported ONNX graph (facefuse.runtime.openvino)
+RUNTIMES = (ONNX_RUNTIME, OPENVINO, "torch-cuda", "torch-cpu")
 KINDS = ("unet", "vae_encoder", "vae_decoder", "text_encoder")
 DTYPES = ("float16", "float32", "bfloat16")
 DEFAULT_GRAPH_BATCHES = (1, 2, 4, 8, 16)
@@ -100,7 +101,7 @@ def runtime_of(params: dict[str, str], model: str) -> str:
 def settings_from(params: dict[str, str], model: str, max_batch: int | None) -> TorchSettings:
     """:class:`TorchSettings` from a model config's parameters; ModelLoadError names the bad one."""
     runtime = runtime_of(params, model)
-    if runtime == ONNX_RUNTIME:
+    if runtime in (ONNX_RUNTIME, OPENVINO):
         raise ModelLoadError(f"{model}: runtime {runtime!r} is not a torch runtime")
     cpu = runtime == "torch-cpu"
     dtype = params.get("dtype", "float32" if cpu else "float16").strip().lower()

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from facefuse.diffusion.loop import SCHEDULERS
 from facefuse.runtime.variants import PRECISIONS
 
 
@@ -35,7 +36,7 @@ def register(subparsers) -> None:
         "--threshold", type=float, default=DEFAULT_THRESHOLD_DB, help="minimum PSNR in dB"
     )
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="denoising steps")
-    parser.add_argument("--scheduler", default="dpm++", choices=("dpm++", "ddim", "euler"))
+    parser.add_argument("--scheduler", default="dpm++", choices=SCHEDULERS)
     parser.add_argument("--cases", type=int, default=0, help="run only the first N cases")
     parser.add_argument(
         "--cfg-truncation",

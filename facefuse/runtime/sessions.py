@@ -47,8 +47,21 @@ def ort_session_options(options: SessionOptions = SessionOptions()):
     return so
 
 
-def open_session(path: str | Path, options: SessionOptions = SessionOptions()):
-    """An ORT CPU session on ``path``; a missing or corrupt file is a ModelLoadError naming it."""
+def open_session(
+    path: str | Path,
+    options: SessionOptions = SessionOptions(),
+    runtime: str = "onnxruntime",
+    precision: str = "bf16",
+):
+    """An ORT CPU session on ``path`` (or, with ``runtime="openvino"``, an OpenVINO one with
+    the same interface at ``precision``, :mod:`facefuse.runtime.openvino`); a missing or
+    corrupt file is a ModelLoadError naming it."""
+    if runtime == "openvino":
+        from facefuse.runtime.openvino import OpenVinoSession
+
+        return OpenVinoSession(path, options.intra_op_threads, precision)
+    if runtime != "onnxruntime":
+        raise ModelLoadError(f"runtime must be onnxruntime or openvino here, got {runtime!r}")
     import onnxruntime as ort
 
     path = Path(path)

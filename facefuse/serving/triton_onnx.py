@@ -17,7 +17,13 @@ from facefuse.core import metrics
 from facefuse.core.contract import TIMESTEP
 from facefuse.core.errors import ModelLoadError
 from facefuse.core.limits import DEFAULT_LIMITS, check_tensor
-from facefuse.gpu.runtime import ONNX_RUNTIME, open_torch_session, runtime_of, torch_kind
+from facefuse.gpu.runtime import (
+    ONNX_RUNTIME,
+    OPENVINO,
+    open_torch_session,
+    runtime_of,
+    torch_kind,
+)
 from facefuse.runtime.memory import check_cpu_fits
 from facefuse.runtime.sessions import (
     PartsRunner,
@@ -74,7 +80,7 @@ class OnnxTritonModel:
         # `runtime`: onnxruntime (default, CPU) or torch-cuda / torch-cpu (facefuse.gpu.runtime:
         # the PyTorch module in FP16 with CUDA graphs, behind the same session interface)
         self.runtime = runtime_of(params, self.name)
-        if self.runtime != ONNX_RUNTIME:
+        if self.runtime not in (ONNX_RUNTIME, OPENVINO):
             self.session = open_torch_session(
                 torch_kind(self.INPUTS), params, self.name, version_dir, self.max_rows
             )
@@ -84,7 +90,9 @@ class OnnxTritonModel:
                 check_cpu_fits(
                     graph
                 )  # refuse a variant that would not fit (facefuse.runtime.memory)
-            self.session = open_session(graph, options)
+            # `runtime: openvino` reads the same ONNX file (`openvino_precision`: bf16 or f32)
+            precision = params.get("openvino_precision", "bf16")
+            self.session = open_session(graph, options, self.runtime, precision)
         # `parallel_runs` > 1: a forward of several rows runs as that many row slices at once
         # (facefuse.runtime.sessions.PartsRunner), each on `intra_op_threads` threads
         # (0: cores / parts)

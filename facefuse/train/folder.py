@@ -45,6 +45,9 @@ def _write(trainer, tmp: Path, card: str, extra: dict) -> None:
     vae = load_taef2(trainer.taef2_dir)
     vae.register_to_config(scaling_factor=trainer.scale, shift_factor=trainer.shift)
     vae.half().save_pretrained(tmp / "vae", safe_serialization=True)
+    licence = trainer.taef2_dir / "LICENSE"
+    if licence.is_file():  # TAEF2's MIT licence travels with its weights
+        shutil.copyfile(licence, tmp / "vae" / "LICENSE")
     save_tokenizer_files(tmp / "tokenizer")
     (tmp / "scheduler").mkdir()
     scheduler = trainer.config.scheduler_config()

@@ -188,8 +188,9 @@ def test_variant_model_folders_point_at_the_variant_file(tiny_repository, tmp_pa
     repo = shutil.copytree(tiny_repository, tmp_path / "repo", symlinks=True)
     if not (repo / "unet" / "1" / "model.int8.onnx").exists():
         export_cpu_variant(repo, "int8")
-    (folder,) = write_variant_models(repo, "int8")
+    folder, *deep_cache = write_variant_models(repo, "int8")
     assert folder.name == "unet_int8"
+    assert [f.name for f in deep_cache] == ["unet_deep_int8", "unet_shallow_int8"]
     config = (folder / "config.pbtxt").read_text()
     assert 'name: "unet_int8"' in config and 'name: "unet"' not in config
     assert config.count('key: "onnx_file"') == 1

@@ -94,6 +94,7 @@ def test_faces_is_a_complete_small_fp16_diffusers_folder():
             assert handle.get_tensor(key).dtype == torch.float16, weights
     card = (folder / "README.md").read_text()
     assert "CC BY 4.0" in card and "DeBruine" in card
+    assert "MIT License" in (folder / "vae" / "LICENSE").read_text()  # TAEF2 travels with it
     heldout = json.loads((folder / "training.json").read_text())["heldout_london_ids"]
     assert len(heldout) >= 15
 

@@ -41,7 +41,8 @@ def int8_repository(tiny_repository):
     from facefuse.export.quantize import export_cpu_variant
 
     results = export_cpu_variant(tiny_repository, "int8")
-    assert [r.path.name for r in results] == ["model.int8.onnx"]
+    assert [r.path.parent.parent.name for r in results] == ["unet", "unet_deep", "unet_shallow"]
+    assert {r.path.name for r in results} == {"model.int8.onnx"}
     return tiny_repository
 
 

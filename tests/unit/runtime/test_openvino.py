@@ -1,0 +1,68 @@
+"""``runtime: openvino``: the exported ONNX UNet under OpenVINO, behind ORT's session interface."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from facefuse.core.errors import ModelLoadError
+from facefuse.runtime.sessions import SessionOptions, open_session
+
+pytest.importorskip("openvino")
+
+
+def _feeds(session, rows=2, seed=0):
+    rng = np.random.default_rng(seed)
+    sample, _, context = session.get_inputs()
+    return {
+        "sample": rng.standard_normal((rows, sample.shape[1], 8, 8)).astype(np.float32),
+        "timestep": np.linspace(900, 10, rows).astype(np.float32),
+        "encoder_hidden_states": rng.standard_normal((rows, 77, context.shape[2])).astype(
+            np.float32
+        ),
+    }
+
+
+def test_f32_matches_onnx_runtime_and_bf16_stays_close(tiny_repository):
+    graph = tiny_repository / "unet" / "1" / "model.onnx"
+    reference_session = open_session(graph, SessionOptions(1))
+    feeds = _feeds(reference_session)
+    (reference,) = reference_session.run(None, feeds)
+    f32 = open_session(graph, SessionOptions(1), "openvino", "f32")
+    assert [i.name for i in f32.get_inputs()] == [i.name for i in reference_session.get_inputs()]
+    (out,) = f32.run(["noise_pred"], feeds)
+    assert out.shape == reference.shape
+    np.testing.assert_allclose(out, reference, atol=1e-4 * max(1.0, np.abs(reference).max()))
+    (low,) = open_session(graph, SessionOptions(1), "openvino", "bf16").run(None, feeds)
+    peak, mse = np.abs(reference).max(), float(((low - reference) ** 2).mean())
+    assert 10 * np.log10(peak**2 / max(mse, 1e-20)) > 30  # the precision gate's PSNR bar
+
+
+def test_runs_from_several_threads_at_once(tiny_repository):
+    session = open_session(tiny_repository / "unet" / "1" / "model.onnx", runtime="openvino")
+    feeds = [_feeds(session, rows=1, seed=s) for s in range(4)]
+    expected = [session.run(None, f)[0] for f in feeds]
+    got = [None] * 4
+
+    def work(i):
+        got[i] = session.run(None, feeds[i])[0]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_missing_graph_bad_precision_and_unknown_runtime_are_load_errors(tmp_path, tiny_repository):
+    with pytest.raises(ModelLoadError, match="not found"):
+        open_session(tmp_path / "none.onnx", runtime="openvino")
+    graph = tiny_repository / "unet" / "1" / "model.onnx"
+    with pytest.raises(ModelLoadError, match="precision"):
+        open_session(graph, runtime="openvino", precision="int4")
+    with pytest.raises(ModelLoadError, match="runtime"):
+        open_session(graph, runtime="tensorflow")
