@@ -139,15 +139,23 @@ def export_text_encoder(text_encoder, path: Path, batch: int = 2) -> ExportResul
     return _parity("text_encoder", path, {"input_ids": ids.numpy()}, reference)
 
 
-def export_unet(unet, path: Path, latent_size: int, text_dim: int, batch: int = 2) -> ExportResult:
+def _unet_check_inputs(unet, latent_size: int, text_dim: int, batch: int):
+    """The seeded (sample, timestep, context) that UNet-family graphs are traced and checked on."""
     import torch
 
-    module = _wrappers()[1](unet).eval()
     generator = torch.Generator().manual_seed(0)
     channels = unet.config.in_channels
     sample = torch.randn(batch, channels, latent_size, latent_size, generator=generator)
     timestep = torch.tensor([999.0, 500.0][:batch] + [10.0] * max(0, batch - 2))
     context = torch.randn(batch, 77, text_dim, generator=generator)
+    return sample, timestep, context
+
+
+def export_unet(unet, path: Path, latent_size: int, text_dim: int, batch: int = 2) -> ExportResult:
+    import torch
+
+    module = _wrappers()[1](unet).eval()
+    sample, timestep, context = _unet_check_inputs(unet, latent_size, text_dim, batch)
     _export(
         module,
         (sample, timestep, context),
@@ -222,11 +230,7 @@ def export_unet_deep_cache(
     from facefuse.models.deepcache import DeepUnet, ShallowUnet
 
     deep_module, shallow_module = DeepUnet(unet).eval(), ShallowUnet(unet).eval()
-    generator = torch.Generator().manual_seed(0)
-    channels = unet.config.in_channels
-    sample = torch.randn(batch, channels, latent_size, latent_size, generator=generator)
-    timestep = torch.tensor([999.0, 500.0][:batch] + [10.0] * max(0, batch - 2))
-    context = torch.randn(batch, 77, text_dim, generator=generator)
+    sample, timestep, context = _unet_check_inputs(unet, latent_size, text_dim, batch)
     spatial = {0: "batch", 2: "height", 3: "width"}
     common = {"timestep": {0: "batch"}, "encoder_hidden_states": {0: "batch", 1: "sequence"}}
     names = ["sample", "timestep", "encoder_hidden_states"]

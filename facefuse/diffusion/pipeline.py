@@ -77,12 +77,19 @@ def options_from_parameters(params: dict[str, str]) -> dict:
     absent ones at their defaults; ValueError naming the parameter on a malformed value. The
     served model (``facefuse.serving.triton_pipeline``) and the in-process benches read the
     same ``facefusion/config.pbtxt`` through this."""
-    try:
-        interval = int(params.get("deep_cache_interval", "1"))
-        cfg_truncation = float(params.get("cfg_truncation", "0"))
-        upper_face_strength = float(params.get("upper_face_strength", "1"))
-    except ValueError as exc:
-        raise ValueError(f"pipeline parameter: {exc}") from None
+
+    def number(key: str, kind: type, default: str):
+        raw = params.get(key, default)
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ValueError(f"pipeline parameter {key} must be a number, got {raw!r}") from None
+
+    interval = number("deep_cache_interval", int, "1")
+    cfg_truncation = number("cfg_truncation", float, "0")
+    upper_face_strength = number("upper_face_strength", float, "1")
+    if interval < 1:
+        raise ValueError(f"pipeline parameter deep_cache_interval must be >= 1, got {interval}")
     return {
         "scheduler": params.get("scheduler", DEFAULT_SCHEDULER),
         "adaptive_steps": params.get("adaptive_steps", "false").lower() == "true",
@@ -143,11 +150,11 @@ class Pipeline:
             raise ValueError(f"cfg_truncation must be in [0, 1], got {cfg_truncation}")
         if not 0.0 <= upper_face_strength <= 1.0:
             raise ValueError(f"upper_face_strength must be in [0, 1], got {upper_face_strength}")
-        if deep_cache_interval < 1 or (deep_cache_interval > 1 and stages.deep_cache is None):
+        if deep_cache_interval < 1:
+            raise ValueError(f"deep_cache_interval must be >= 1, got {deep_cache_interval}")
+        if deep_cache_interval > 1 and stages.deep_cache is None:
             raise ValueError(
-                f"deep_cache_interval must be 1, or > 1 with the unet_deep/unet_shallow "
-                f"models; got {deep_cache_interval}"
-                + ("" if stages.deep_cache is not None else " without them")
+                f"deep_cache_interval {deep_cache_interval} needs the unet_deep/unet_shallow models"
             )
         self.deep_cache_interval = deep_cache_interval
         self.upper_face_strength = upper_face_strength
@@ -172,7 +179,6 @@ class Pipeline:
 
     def _denoise(self, timer: Timer, request: LoopRequest):
         scheduler = make_scheduler(self.scheduler_name, self.manifest.scheduler_config)
-        request.deep_cache_interval = self.deep_cache_interval
         return timer.run(
             "denoise", denoise, self.stages.unet, scheduler, request, self.stages.deep_cache
         )
@@ -222,6 +228,7 @@ class Pipeline:
             latent_mask=latent_mask(mask, self.manifest.latent_size),
             strength_map=strength_map,
             cfg_truncation=self.cfg_truncation,
+            deep_cache_interval=self.deep_cache_interval,
             should_stop=should_stop,
         )
         result = self._denoise(timer, request)
@@ -270,6 +277,7 @@ class Pipeline:
             seed=params.seed,
             latent_shape=(self.manifest.latent_channels, s, s),
             cfg_truncation=self.cfg_truncation,
+            deep_cache_interval=self.deep_cache_interval,
             should_stop=should_stop,
         )
         result = self._denoise(timer, request)

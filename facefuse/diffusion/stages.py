@@ -83,18 +83,19 @@ def local_stages(
     def encode_image(image: np.ndarray):
         return sessions["vae_encoder"].run(None, {"image": image})[0]
 
+    def unet_feeds(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray) -> dict:
+        return {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
+
     def unet(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
-        feeds = {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
-        return runners["unet"](feeds)[0]
+        return runners["unet"](unet_feeds(sample, timestep, context))[0]
 
     def unet_deep(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
-        feeds = {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
-        noise, deep = runners["unet_deep"](feeds)
+        noise, deep = runners["unet_deep"](unet_feeds(sample, timestep, context))
         return noise, deep
 
     def unet_shallow(sample, timestep, context, deep):
-        feeds = {"sample": sample, "timestep": timestep, "encoder_hidden_states": context}
-        return runners["unet_shallow"]({**feeds, "deep": deep})[0]
+        feeds = {**unet_feeds(sample, timestep, context), "deep": deep}
+        return runners["unet_shallow"](feeds)[0]
 
     def decode_latents(latents: np.ndarray):
         return sessions["vae_decoder"].run(None, {"latent": latents})[0]

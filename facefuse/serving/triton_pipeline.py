@@ -13,14 +13,13 @@ from pathlib import Path
 
 from facefuse.core import metrics
 from facefuse.core.contract import GUIDANCE, SEED, STEPS, STRENGTH
-from facefuse.core.errors import InvalidInput
+from facefuse.core.errors import InvalidInput, ModelLoadError
 from facefuse.diffusion.loop import DenoiseCancelled
 from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
 from facefuse.diffusion.pipeline import Pipeline, options_from_parameters, params_from
 from facefuse.runtime.memory import MIB, FallbackController, gpu_free
 from facefuse.runtime.variants import VariantRoutes, variant_model_names
 from facefuse.serving.triton_io import TritonMetric, error_response, get_scalar
-from facefuse.serving.triton_onnx import int_parameter
 from facefuse.serving.triton_stages import bls_stages
 
 
@@ -34,8 +33,10 @@ class PipelineTritonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         manifest = PipelineManifest.load(version_dir / MANIFEST_NAME)
         self.manifest = manifest
-        int_parameter(params, "deep_cache_interval", 1, 1, self.name)  # ModelLoadError naming it
-        self.pipeline_options = options_from_parameters(params)
+        try:
+            self.pipeline_options = options_from_parameters(params)
+        except ValueError as exc:  # Triton shows it as the load failure, naming the parameter
+            raise ModelLoadError(f"{self.name}: {exc}") from None
         # variants: `precision` = what the base models serve; a `candidate_share` of requests
         # runs `candidate_variant` (A/B); low GPU memory / OOM switches to the fp32 models
         served = params.get("precision", "fp32")

@@ -59,30 +59,24 @@ def bls_stages(models: dict[str, str] | None = None, deep_cache: bool = False) -
         out = bls(names[c.VAE_ENCODER.name], {c.PIXELS.name: image}, (c.LATENT.name,))
         return out[c.LATENT.name]
 
-    def unet(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
-        inputs = {
+    def unet_inputs(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray) -> dict:
+        return {
             c.SAMPLE.name: sample,
             c.TIMESTEP.name: timestep.reshape(-1, 1).astype(np.float32),
             c.ENCODER_HIDDEN_STATES.name: context,
         }
+
+    def unet(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
+        inputs = unet_inputs(sample, timestep, context)
         return bls(names[c.UNET.name], inputs, (c.NOISE_PRED.name,))[c.NOISE_PRED.name]
 
     def unet_deep(sample: np.ndarray, timestep: np.ndarray, context: np.ndarray):
-        inputs = {
-            c.SAMPLE.name: sample,
-            c.TIMESTEP.name: timestep.reshape(-1, 1).astype(np.float32),
-            c.ENCODER_HIDDEN_STATES.name: context,
-        }
+        inputs = unet_inputs(sample, timestep, context)
         out = bls(names[c.UNET_DEEP.name], inputs, c.UNET_DEEP.output_names)
         return out[c.NOISE_PRED.name], out[c.DEEP.name]
 
     def unet_shallow(sample, timestep, context, deep):
-        inputs = {
-            c.SAMPLE.name: sample,
-            c.TIMESTEP.name: timestep.reshape(-1, 1).astype(np.float32),
-            c.ENCODER_HIDDEN_STATES.name: context,
-            c.DEEP.name: deep,
-        }
+        inputs = {**unet_inputs(sample, timestep, context), c.DEEP.name: deep}
         return bls(names[c.UNET_SHALLOW.name], inputs, (c.NOISE_PRED.name,))[c.NOISE_PRED.name]
 
     def decode_latents(latents: np.ndarray):

@@ -106,5 +106,7 @@ def test_pipeline_options_come_from_the_config_parameters_and_bad_values_name_it
     options = options_from_parameters({"deep_cache_interval": "3", "scheduler": "unipc"})
     assert options["deep_cache_interval"] == 3 and options["scheduler"] == "unipc"
     assert options_from_parameters({})["deep_cache_interval"] == 1
-    with pytest.raises(ValueError, match="pipeline parameter"):
+    with pytest.raises(ValueError, match="deep_cache_interval must be a number, got 'two'"):
         options_from_parameters({"deep_cache_interval": "two"})
+    with pytest.raises(ValueError, match="deep_cache_interval must be >= 1"):
+        options_from_parameters({"deep_cache_interval": "0"})
