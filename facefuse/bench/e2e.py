@@ -53,7 +53,7 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--model", default="tiny", help="'tiny', 'mid' or a diffusers SD 1.x folder"
+        "--model", default="tiny", help="'faces', 'tiny', 'mid' or a diffusers SD 1.x folder"
     )
     parser.add_argument(
         "--concurrency",
@@ -190,10 +190,19 @@ def run_server_contender(repository: Path, levels, counts, steps, source, target
 
 
 def run_baseline_a(model: str, levels, counts, source, target) -> dict:
-    """A plain diffusers inpainting pipeline in-process, one request at a time (a lock)."""
+    """A plain diffusers inpainting pipeline in-process, one request at a time (a lock).
+
+    diffusers' inpainting pipeline takes only 4- or 9-channel UNets; for other latent spaces
+    (the ``faces`` model's 32 TAEF2 channels) it is ``StableDiffusionImg2ImgPipeline`` on the
+    same composite, the mask then applied by the same pixel paste-back: what a diffusers user
+    would write for such a model, at the same UNet cost per step."""
     import numpy as np
     import torch
-    from diffusers import DDIMScheduler, StableDiffusionInpaintPipeline
+    from diffusers import (
+        DDIMScheduler,
+        StableDiffusionImg2ImgPipeline,
+        StableDiffusionInpaintPipeline,
+    )
     from PIL import Image
 
     from facefuse.face.fusion import paste_back, prepare_fusion
@@ -201,7 +210,9 @@ def run_baseline_a(model: str, levels, counts, source, target) -> dict:
     from facefuse.models.loading import load_components
 
     c = load_components(model)
-    pipe = StableDiffusionInpaintPipeline(
+    inpaint = c.unet.config.in_channels in (4, 9)
+    kind = StableDiffusionInpaintPipeline if inpaint else StableDiffusionImg2ImgPipeline
+    pipe = kind(
         vae=c.vae,
         text_encoder=c.text_encoder,
         tokenizer=c.tokenizer,
@@ -220,16 +231,15 @@ def run_baseline_a(model: str, levels, counts, source, target) -> dict:
             plan = prepare_fusion(decode_image(source, SOURCE_IMAGE.name), target_rgb, c.image_size)
             image = Image.fromarray((plan.composite * 255).astype(np.uint8))
             mask = Image.fromarray((plan.mask * 255).astype(np.uint8))
+            sized = {"mask_image": mask, "height": c.image_size, "width": c.image_size}
             fused = pipe(
                 prompt=INSTRUCTION,
                 image=image,
-                mask_image=mask,
+                **(sized if inpaint else {}),
                 strength=STRENGTH,
                 num_inference_steps=BASELINE_STEPS,
                 guidance_scale=GUIDANCE,
                 generator=torch.Generator().manual_seed(index),
-                height=c.image_size,
-                width=c.image_size,
                 output_type="np",
             ).images[0]
             encode_png(paste_back(target_rgb, fused, plan))

@@ -33,6 +33,7 @@ class Trade:
     request: dict = field(default_factory=dict)  # fusion-eval --strength/--steps/--guidance
 
 
+UPPER_FACE_SOURCE = {"upper_face_strength": "0", "upper_face_pixels": "source"}
 TRADES = (
     Trade("base"),
     Trade("fp32 unet", {"precision": "fp32"}, unet={"onnx_file": "model.onnx"}),
@@ -55,10 +56,28 @@ TRADES = (
     Trade("unipc", {"scheduler": "unipc"}),
     Trade("deepcache 2", {"deep_cache_interval": "2"}),
     Trade("deepcache 3", {"deep_cache_interval": "3"}),
+    # the floor: one step at the lowest noise, i.e. little more than the autoencoder's round trip
+    Trade("strength 0.05", request={"strength": 0.05}),
+    Trade("strength 0.2", request={"strength": 0.2}),
+    Trade("upper face 0", {"upper_face_strength": "0"}),
+    Trade("upper face 0 + source pixels", UPPER_FACE_SOURCE),
+    Trade(
+        "upper face 0 + source pixels + deepcache 2",
+        UPPER_FACE_SOURCE | {"deep_cache_interval": "2"},
+    ),
+    Trade(
+        "upper face 0 + source pixels + deepcache 3",
+        UPPER_FACE_SOURCE | {"deep_cache_interval": "3"},
+    ),
+    Trade(
+        "upper face 0 + source pixels + guidance 5", UPPER_FACE_SOURCE, request={"guidance": 5.0}
+    ),
+    Trade("strength 0.3 + upper face 0", {"upper_face_strength": "0"}, request={"strength": 0.3}),
 )
 # what the server says it ran (INFO of the first response)
 SERVED_KEYS = ("variant", "scheduler", "steps_run", "unet_calls", "shallow_calls", "guidance")
-SERVED_KEYS += ("strength", "cfg_truncation", "upper_face_strength", "deep_cache_interval")
+SERVED_KEYS += ("strength", "cfg_truncation", "upper_face_strength", "upper_face_pixels")
+SERVED_KEYS += ("deep_cache_interval",)
 FORMATS = {"face found": ".0%", "nearer A": ".0%", "smile wider": ".0%", "median d(A)": ".3f"}
 FORMATS |= {"smile/neutral": ".3f", "PSNR out min": ".1f"}
 COLUMNS = ("face found", "nearer A", "median d(A)", "smile wider", "smile/neutral", "PSNR out min")

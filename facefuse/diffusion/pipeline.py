@@ -30,6 +30,7 @@ DEFAULT_STEPS = 20
 DEFAULT_STRENGTH = 0.5
 DEFAULT_GUIDANCE = 7.5
 DEFAULT_SEED = 0
+UPPER_FACE_PIXELS = ("decoded", "source")
 
 
 @dataclass
@@ -88,6 +89,7 @@ def options_from_parameters(params: dict[str, str]) -> dict:
     interval = number("deep_cache_interval", int, "1")
     cfg_truncation = number("cfg_truncation", float, "0")
     upper_face_strength = number("upper_face_strength", float, "1")
+    upper_face_pixels = params.get("upper_face_pixels", "decoded")
     if interval < 1:
         raise ValueError(f"pipeline parameter deep_cache_interval must be >= 1, got {interval}")
     return {
@@ -95,6 +97,7 @@ def options_from_parameters(params: dict[str, str]) -> dict:
         "adaptive_steps": params.get("adaptive_steps", "false").lower() == "true",
         "cfg_truncation": cfg_truncation,
         "upper_face_strength": upper_face_strength,
+        "upper_face_pixels": upper_face_pixels,
         "deep_cache_interval": interval,
     }
 
@@ -119,6 +122,24 @@ def latent_mask(mask: np.ndarray, latent_size: int) -> np.ndarray:
     return pooled[None].astype(np.float32)
 
 
+def restore_held_pixels(
+    composite: np.ndarray, decoded: np.ndarray, mask: np.ndarray, weight: np.ndarray
+) -> np.ndarray:
+    """``composite * (1 - w) + decoded' * w``: the held-back share ``1 - w`` of the face from
+    the composite's pixels, the rest from the decoder, where ``decoded'`` is ``decoded`` shifted
+    per channel so that its mean over the regenerated face (``mask * w``) equals the
+    composite's there: the model's colour drift (a warm cast at high guidance) would otherwise
+    show as a step where the held region meets the regenerated one. HxWx3 in [0, 1] in and out;
+    an empty regenerated region gets no shift."""
+    region = (mask * weight)[..., None]
+    total = float(region.sum())
+    shift = 0.0
+    if total > 1e-6:
+        shift = ((composite - decoded) * region).sum(axis=(0, 1)) / total
+    w = weight[..., None]
+    return np.clip(composite * (1.0 - w) + (decoded + shift) * w, 0.0, 1.0).astype(np.float32)
+
+
 def _context(hidden: np.ndarray) -> np.ndarray:
     """[N,77,D] chunk embeddings -> [N*77, D] conditioning (A1111-style concatenation)."""
     return hidden.reshape(-1, hidden.shape[-1])
@@ -137,6 +158,7 @@ class Pipeline:
         variant: str = "fp32",
         upper_face_strength: float = 1.0,
         deep_cache_interval: int = 1,
+        upper_face_pixels: str = "decoded",
     ):
         """``adaptive_steps``: fusion requests that give no STEPS (``fuse(..., auto_steps=
         True)``) get 15..30 steps from the face's complexity (:mod:`.adaptive`).
@@ -144,6 +166,10 @@ class Pipeline:
         ``upper_face_strength``: the share of STRENGTH the eyes and brows get (1: the whole
         face alike); the mouth and chin always get all of it
         (:func:`~facefuse.face.mask.upper_face_weight`).
+        ``upper_face_pixels``: "source" takes the held-back share of the upper face from the
+        composite's pixels (out = composite * (1 - w) + decoded * w, w that share map), so what
+        diffusion did not regenerate does not pay the autoencoder's round trip either;
+        "decoded" keeps the decoder's output everywhere. No effect at upper_face_strength 1.
         ``deep_cache_interval``: N > 1 runs DeepCache (the whole UNet every N steps, its
         shallow layers between; ``stages.deep_cache`` must be given)."""
         if not 0.0 <= cfg_truncation <= 1.0:
@@ -152,12 +178,17 @@ class Pipeline:
             raise ValueError(f"upper_face_strength must be in [0, 1], got {upper_face_strength}")
         if deep_cache_interval < 1:
             raise ValueError(f"deep_cache_interval must be >= 1, got {deep_cache_interval}")
+        if upper_face_pixels not in UPPER_FACE_PIXELS:
+            raise ValueError(
+                f"upper_face_pixels must be one of {UPPER_FACE_PIXELS}, got {upper_face_pixels!r}"
+            )
         if deep_cache_interval > 1 and stages.deep_cache is None:
             raise ValueError(
                 f"deep_cache_interval {deep_cache_interval} needs the unet_deep/unet_shallow models"
             )
         self.deep_cache_interval = deep_cache_interval
         self.upper_face_strength = upper_face_strength
+        self.upper_face_pixels = upper_face_pixels
         self.stages = stages
         self.manifest = manifest
         self.scheduler_name = scheduler
@@ -211,7 +242,7 @@ class Pipeline:
             params = replace(params, steps=adaptive.steps)
         cond, uncond, info = self._encode_prompt(timer, instruction)
         init = timer.run("vae_encoder", self.stages.encode_image, to_nchw(composite))
-        strength_map = None
+        strength_map = weight = None
         if self.upper_face_strength < 1.0:
             from facefuse.face.mask import upper_face_weight
 
@@ -233,11 +264,15 @@ class Pipeline:
         )
         result = self._denoise(timer, request)
         decoded = timer.run("vae_decoder", self.stages.decode_latents, result.latents[None])
+        fused = from_nchw(decoded)
+        if weight is not None and self.upper_face_pixels == "source":
+            fused = restore_held_pixels(composite, fused, mask, weight)
         info.update(self._loop_info(params, result), stage_ms=timer.ms)
+        info["upper_face_pixels"] = self.upper_face_pixels
         info["steps_policy"] = "adaptive" if adaptive is not None else "fixed"
         if adaptive is not None:
             info["adaptive"] = adaptive.info()
-        return from_nchw(decoded), mask, crop_box, info
+        return fused.astype(np.float32), mask, crop_box, info
 
     def fuse_png(
         self, source: bytes, target: bytes, instruction: str, params: GenerationParams, **kwargs

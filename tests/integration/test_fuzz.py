@@ -375,14 +375,16 @@ def test_plausible_component_tensors_succeed(server, clients):
 # ---------------------------------------------------------------- raw HTTP/JSON bodies
 
 # tritonserver 2.51's HTTP frontend answers a body that is not a JSON object with an "inputs"
-# array with 500 and one of these one-line messages, before any model runs; nothing in the
-# model repository can change that (a reverse proxy can validate JSON first). Any other 500
-# fails the test.
+# array (or whose parameter names it cannot read) with 500 and one of these one-line messages,
+# before any model runs; nothing in the model repository can change that (a reverse proxy can
+# validate JSON first). Any other 500 fails the test.
 FRONTEND_JSON_ERRORS = (
     '{"error":"failed to parse the request JSON buffer:',
     '{"error":"Unable to parse \'',
     '{"error":"failed to get request params.: attempt to',
     '{"error":"Unable to parse JSON bytes array:',
+    # a "parameters" key holding a NUL character: the frontend's JSON reader cuts the key at it
+    '{"error":"parameter key \'',
 )
 MODELS = ["facefusion", "txt2img", "face_analyzer", "prompt_optimizer", "unet", "text_encoder"]
 

@@ -76,3 +76,35 @@ def test_a_share_of_zero_keeps_the_input_and_one_changes_nothing():
     moved_half = np.abs(half[:, :4] - known[:, :4]).mean()
     moved_free = np.abs(free[:, :4] - known[:, :4]).mean()
     assert 0 < moved_half < moved_free
+
+
+def test_held_pixels_come_from_the_composite_and_the_colour_drift_is_removed():
+    from facefuse.diffusion.pipeline import restore_held_pixels
+
+    mask, eyes, mouth = _face(0.0)
+    weight = upper_face_weight(mask, hold=0.0)
+    rng = np.random.default_rng(1)
+    composite = rng.uniform(0.2, 0.8, (128, 128, 3)).astype(np.float32)
+    drift = np.array([0.1, 0.0, -0.05], np.float32)  # a warm cast over the whole decode
+    decoded = np.clip(composite + drift + rng.normal(0, 0.01, composite.shape), 0, 1)
+    out = restore_held_pixels(composite, decoded.astype(np.float32), mask, weight)
+    assert out.dtype == np.float32 and out.shape == composite.shape
+    ey, ex = round(eyes[1]), round(eyes[0])
+    np.testing.assert_allclose(out[ey, ex], composite[ey, ex], atol=1e-6)  # held: the source
+    region = (mask * weight)[..., None]
+    mean = lambda image: (image * region).sum(axis=(0, 1)) / region.sum()  # noqa: E731
+    np.testing.assert_allclose(mean(out), mean(composite), atol=2e-3)  # the cast is gone
+    assert np.abs(mean(decoded) - mean(composite)).max() > 0.05  # and was there before
+    # nothing regenerated (an empty mask): no shift, the decode is kept where w = 1
+    empty = restore_held_pixels(composite, decoded, np.zeros_like(mask), np.ones_like(mask))
+    np.testing.assert_allclose(empty, decoded, atol=1e-6)
+
+
+def test_upper_face_pixels_is_parsed_and_a_bad_value_is_refused():
+    from facefuse.diffusion.pipeline import Pipeline, options_from_parameters
+
+    assert options_from_parameters({})["upper_face_pixels"] == "decoded"
+    options = options_from_parameters({"upper_face_pixels": "source"})
+    assert options["upper_face_pixels"] == "source"
+    with pytest.raises(ValueError, match="upper_face_pixels"):
+        Pipeline(None, None, upper_face_pixels="latent")
