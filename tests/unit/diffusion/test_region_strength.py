@@ -81,7 +81,7 @@ def test_a_share_of_zero_keeps_the_input_and_one_changes_nothing():
 def test_held_pixels_come_from_the_composite_and_the_colour_drift_is_removed():
     from facefuse.diffusion.pipeline import restore_held_pixels
 
-    mask, eyes, mouth = _face(0.0)
+    mask, eyes, _ = _face(0.0)
     weight = upper_face_weight(mask, hold=0.0)
     rng = np.random.default_rng(1)
     composite = rng.uniform(0.2, 0.8, (128, 128, 3)).astype(np.float32)
