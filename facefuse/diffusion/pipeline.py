@@ -167,7 +167,8 @@ class Pipeline:
         face alike); the mouth and chin always get all of it
         (:func:`~facefuse.face.mask.upper_face_weight`).
         ``upper_face_pixels``: "source" takes the held-back share of the upper face from the
-        composite's pixels (out = composite * (1 - w) + decoded * w, w that share map), so what
+        composite's pixels (:func:`restore_held_pixels`: the decode, its mean colour matched to
+        the composite's over the regenerated face, weighted by that share map), so what
         diffusion did not regenerate does not pay the autoencoder's round trip either;
         "decoded" keeps the decoder's output everywhere. No effect at upper_face_strength 1.
         ``deep_cache_interval``: N > 1 runs DeepCache (the whole UNet every N steps, its

@@ -1,0 +1,18 @@
+"""Baseline A of ``facefuse bench e2e`` runs on both latent spaces: diffusers' inpainting
+pipeline for a 4-channel UNet (tiny), its img2img pipeline for the faces model's 32 channels."""
+
+from __future__ import annotations
+
+import pytest
+
+from facefuse.bench.e2e import run_baseline_a
+from facefuse.core.samples import sample_pair
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny", "faces"])
+def test_baseline_a_answers_every_request(model):
+    source, target = sample_pair()
+    results = run_baseline_a(model, [1], [1], source, target)
+    _, summary = results[1]
+    assert summary["failures"] == 0 and summary["requests"] == 1, summary
