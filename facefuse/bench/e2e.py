@@ -230,12 +230,14 @@ def run_baseline_a(model: str, levels, counts, source, target) -> dict:
             target_rgb = decode_image(target, TARGET_IMAGE.name)
             plan = prepare_fusion(decode_image(source, SOURCE_IMAGE.name), target_rgb, c.image_size)
             image = Image.fromarray((plan.composite * 255).astype(np.uint8))
-            mask = Image.fromarray((plan.mask * 255).astype(np.uint8))
-            sized = {"mask_image": mask, "height": c.image_size, "width": c.image_size}
+            inpaint_args = {}
+            if inpaint:
+                mask = Image.fromarray((plan.mask * 255).astype(np.uint8))
+                inpaint_args = {"mask_image": mask, "height": c.image_size, "width": c.image_size}
             fused = pipe(
                 prompt=INSTRUCTION,
                 image=image,
-                **(sized if inpaint else {}),
+                **inpaint_args,
                 strength=STRENGTH,
                 num_inference_steps=BASELINE_STEPS,
                 guidance_scale=GUIDANCE,

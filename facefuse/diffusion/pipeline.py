@@ -92,6 +92,11 @@ def options_from_parameters(params: dict[str, str]) -> dict:
     upper_face_pixels = params.get("upper_face_pixels", "decoded")
     if interval < 1:
         raise ValueError(f"pipeline parameter deep_cache_interval must be >= 1, got {interval}")
+    if upper_face_pixels not in UPPER_FACE_PIXELS:
+        raise ValueError(
+            f"pipeline parameter upper_face_pixels must be one of {UPPER_FACE_PIXELS}, "
+            f"got {upper_face_pixels!r}"
+        )
     return {
         "scheduler": params.get("scheduler", DEFAULT_SCHEDULER),
         "adaptive_steps": params.get("adaptive_steps", "false").lower() == "true",
@@ -269,11 +274,10 @@ class Pipeline:
         if weight is not None and self.upper_face_pixels == "source":
             fused = restore_held_pixels(composite, fused, mask, weight)
         info.update(self._loop_info(params, result), stage_ms=timer.ms)
-        info["upper_face_pixels"] = self.upper_face_pixels
         info["steps_policy"] = "adaptive" if adaptive is not None else "fixed"
         if adaptive is not None:
             info["adaptive"] = adaptive.info()
-        return fused.astype(np.float32), mask, crop_box, info
+        return fused, mask, crop_box, info
 
     def fuse_png(
         self, source: bytes, target: bytes, instruction: str, params: GenerationParams, **kwargs
@@ -334,6 +338,7 @@ class Pipeline:
             "shallow_calls": result.shallow_calls,
             "cfg_truncation": self.cfg_truncation,
             "upper_face_strength": self.upper_face_strength,
+            "upper_face_pixels": self.upper_face_pixels,
             "variant": self.variant,
             "model_id": self.manifest.model_id,
         }

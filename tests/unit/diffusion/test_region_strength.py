@@ -106,5 +106,7 @@ def test_upper_face_pixels_is_parsed_and_a_bad_value_is_refused():
     assert options_from_parameters({})["upper_face_pixels"] == "decoded"
     options = options_from_parameters({"upper_face_pixels": "source"})
     assert options["upper_face_pixels"] == "source"
+    with pytest.raises(ValueError, match="pipeline parameter upper_face_pixels"):
+        options_from_parameters({"upper_face_pixels": "latent"})
     with pytest.raises(ValueError, match="upper_face_pixels"):
         Pipeline(None, None, upper_face_pixels="latent")
