@@ -65,8 +65,8 @@ def naive_repository(source: str | Path, destination: str | Path) -> Path:
 
     Baseline B is what a naive deployment runs: no dynamic batching, one instance per model,
     DDIM 50, the fp32 UNet at every step (no DeepCache), no prompt compression, no prefix
-    cache, and each UNet call as one ONNX Runtime run on all threads (facefuse's row slices,
-    ``parallel_runs``, are off)."""
+    cache, every graph on ONNX Runtime (no OpenVINO), and each UNet call as one ONNX Runtime
+    run on all threads (facefuse's row slices, ``parallel_runs``, are off)."""
     from facefuse.runtime.variants import DEEP_CACHE_MODELS
 
     source, destination = Path(source), Path(destination)
@@ -90,6 +90,8 @@ def naive_repository(source: str | Path, destination: str | Path) -> Path:
             set_parameter(config, "parallel_runs", "1")
         if model.name == "text_encoder":
             set_parameter(config, "cache_budget_bytes", "0")
+        if "runtime" in config.parameters:  # the export's own runtime: ONNX Runtime
+            del config.parameters["runtime"]
         configs.write(
             config, config_path, f"facefuse.export.variants.naive_repository from {source}"
         )

@@ -253,10 +253,25 @@ def run_baseline_a(model: str, levels, counts, source, target) -> dict:
     }
 
 
+def served_runtimes(repository: Path) -> dict[str, tuple[str, str]]:
+    """ONNX model name -> (``runtime``, ``openvino_precision``) as its config.pbtxt says, for
+    the models whose config names a runtime (the others run on ONNX Runtime)."""
+    from facefuse.export.configs import get_parameter, read
+    from facefuse.runtime.variants import ONNX_MODELS
+
+    out = {}
+    for name in ONNX_MODELS:
+        path = repository / name / "config.pbtxt"
+        config = read(path) if path.is_file() else None
+        if config is not None and (runtime := get_parameter(config, "runtime", "")):
+            out[name] = (runtime, get_parameter(config, "openvino_precision", "bf16"))
+    return out
+
+
 def in_process_pipeline(repository: Path):
     """facefuse's default loop on the repository's ONNX files, without a server; the loop
     runs as ``facefusion``'s config says (scheduler, DeepCache, ...), the UNet as ``unet``'s
-    (served file, threads, parallel runs)."""
+    (served file, threads, parallel runs), each ONNX model on its configured runtime."""
     from facefuse.diffusion.manifest import PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline, options_from_parameters
     from facefuse.diffusion.stages import local_stages
@@ -273,16 +288,12 @@ def in_process_pipeline(repository: Path):
         int(get_parameter(unet_config, "parallel_runs", "1")),
         int(get_parameter(unet_config, "intra_op_threads", "0")),
     )
-    unet_runtime = (
-        get_parameter(unet_config, "runtime", "onnxruntime"),
-        get_parameter(unet_config, "openvino_precision", "bf16"),
-    )
     stages = local_stages(
         repository,
         variant=variant,
         template=template,
         unet_parts=unet_parts,
-        unet_runtime=unet_runtime,
+        runtimes=served_runtimes(repository),
     )
     pipeline = read(repository / "facefusion" / "config.pbtxt")
     params = {k: v.string_value for k, v in pipeline.parameters.items()}

@@ -30,6 +30,7 @@ class Trade:
     pipeline: dict = field(default_factory=dict)  # facefusion config.pbtxt parameters
     analyzer: dict = field(default_factory=dict)  # face_analyzer config.pbtxt parameters
     unet: dict = field(default_factory=dict)  # parameters of unet, unet_deep and unet_shallow
+    vae: dict = field(default_factory=dict)  # parameters of vae_encoder and vae_decoder
     request: dict = field(default_factory=dict)  # fusion-eval --strength/--steps/--guidance
 
 
@@ -73,6 +74,14 @@ TRADES = (
         "upper face 0 + source pixels + guidance 5", UPPER_FACE_SOURCE, request={"guidance": 5.0}
     ),
     Trade("strength 0.3 + upper face 0", {"upper_face_strength": "0"}, request={"strength": 0.3}),
+    # on the served default (upper face 0 + source pixels, VAEs on OpenVINO bf16)
+    Trade("vae onnxruntime", UPPER_FACE_SOURCE, vae={"runtime": "onnxruntime"}),
+    Trade("upper face 0 + source pixels + steps 10", UPPER_FACE_SOURCE, request={"steps": 10}),
+    Trade("upper face 0 + source pixels + steps 14", UPPER_FACE_SOURCE, request={"steps": 14}),
+    Trade(
+        "upper face 0 + source pixels + cfg truncation 0.3",
+        UPPER_FACE_SOURCE | {"cfg_truncation": "0.3"},
+    ),
 )
 # what the server says it ran (INFO of the first response)
 SERVED_KEYS = ("variant", "scheduler", "steps_run", "unet_calls", "shallow_calls", "guidance")
@@ -99,6 +108,7 @@ def variant_repository(source: Path, dest: Path, trade: Trade) -> Path:
     shutil.copytree(source, dest, copy_function=link)
     edits = {"facefusion": trade.pipeline, "face_analyzer": trade.analyzer}
     edits |= {model: trade.unet for model in ("unet", *DEEP_CACHE_MODELS)}
+    edits |= {model: trade.vae for model in ("vae_encoder", "vae_decoder")}
     for model, params in edits.items():
         if not params:
             continue

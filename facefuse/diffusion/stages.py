@@ -7,6 +7,7 @@ server's overhead and nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -22,16 +23,17 @@ def local_stages(
     variant: str = "fp32",
     template: str = "",
     unet_parts: tuple[int, int] | None = None,
-    unet_runtime: tuple[str, str] = ("onnxruntime", "bf16"),
+    runtimes: Mapping[str, tuple[str, str]] | None = None,
 ) -> Stages:
     """The same stages in-process: ORT sessions on the repository's ONNX files, no server.
 
     ``variant`` picks the precision files (``facefuse.runtime.variants.variant_files``);
     ``template`` is the prompt optimizer's fixed prefix (its ``prompt_template`` parameter);
     ``unet_parts`` = (parallel runs, threads each) runs the UNet as the served ``unet`` model
-    does with those parameters (``facefuse.runtime.sessions.PartsRunner``); ``unet_runtime``
-    = (runtime, OpenVINO precision) of the UNet family, as their ``runtime`` and
-    ``openvino_precision`` parameters say."""
+    does with those parameters (``facefuse.runtime.sessions.PartsRunner``); ``runtimes``
+    maps an ONNX model's name to (runtime, OpenVINO precision), as its ``runtime`` and
+    ``openvino_precision`` parameters say (``facefuse.bench.e2e.served_runtimes``); a model
+    not named runs on ONNX Runtime."""
     from facefuse.face.fusion import prepare_fusion
     from facefuse.face.imageio import decode_image
     from facefuse.prompt.optimizer import optimize
@@ -53,10 +55,8 @@ def local_stages(
         if name in DEEP_CACHE_MODELS and not (root / name / "1" / file).is_file():
             continue  # a repository exported before DeepCache: the pipeline runs interval 1
         check_cpu_fits(root / name / "1" / file)  # a clear refusal instead of an OOM kill
-        if name.startswith("unet"):
-            options, (runtime, precision) = SessionOptions(unet_threads), unet_runtime
-        else:
-            options, runtime, precision = SessionOptions(intra_op_threads), "onnxruntime", ""
+        options = SessionOptions(unet_threads if name.startswith("unet") else intra_op_threads)
+        runtime, precision = (runtimes or {}).get(name, ("onnxruntime", ""))
         sessions[name] = open_session(root / name / "1" / file, options, runtime, precision)
     runners = {
         name: PartsRunner(lambda feeds, name=name: sessions[name].run(None, feeds), parts)

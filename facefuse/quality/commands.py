@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from facefuse.diffusion.loop import SCHEDULERS
-from facefuse.runtime.variants import PRECISIONS
+from facefuse.runtime.openvino import PRECISIONS as OPENVINO_PRECISIONS
+from facefuse.runtime.variants import ONNX_MODELS, PRECISIONS
 
 
 def register(subparsers) -> None:
@@ -52,6 +53,14 @@ def register(subparsers) -> None:
         help="run every candidate UNet call with ROWS other rows beside it, as under dynamic "
         "batching (6: a batch of 8)",
     )
+    parser.add_argument(
+        "--candidate-openvino",
+        default="",
+        metavar="MODELS",
+        help="run these candidate graphs (comma-separated, e.g. vae_encoder,vae_decoder) on "
+        "OpenVINO at --openvino-precision; the reference stays on ONNX Runtime",
+    )
+    parser.add_argument("--openvino-precision", default="bf16", choices=OPENVINO_PRECISIONS)
     parser.add_argument("--threads", type=int, default=0, help="ORT intra-op threads")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
@@ -69,6 +78,13 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInput("--batched-with", f"must be in 0..64 rows, got {args.batched_with}")
     if args.cases < 0:
         raise InvalidInput("--cases", f"must be >= 0, got {args.cases}")
+    openvino = [m.strip() for m in args.candidate_openvino.split(",") if m.strip()]
+    unknown = sorted(set(openvino) - set(ONNX_MODELS))
+    if unknown:
+        raise InvalidInput(
+            "--candidate-openvino", f"models must be among {ONNX_MODELS}, got {unknown}"
+        )
+    runtimes = {m: ("openvino", args.openvino_precision) for m in openvino}
     cases = fixed_cases()
     if args.cases:
         cases = cases[: args.cases]
@@ -79,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     levers = f" (CFG truncated for the last {args.cfg_truncation:g})" if args.cfg_truncation else ""
     if args.batched_with:
         levers += f" (batched with {args.batched_with} other rows)"
+    if openvino:
+        levers += f" ({', '.join(openvino)} on OpenVINO {args.openvino_precision})"
     log(f"fidelity gate: {args.candidate}{levers} vs {args.reference} on {args.repository}")
     report = run_gate(
         args.repository,
@@ -92,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         log=log,
         candidate_cfg_truncation=args.cfg_truncation,
         candidate_batched_rows=args.batched_with,
+        candidate_runtimes=runtimes,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

@@ -187,6 +187,7 @@ def run_gate(
     log: Callable[[str], None] = lambda _: None,
     candidate_cfg_truncation: float = 0.0,
     candidate_batched_rows: int = 0,
+    candidate_runtimes: dict[str, tuple[str, str]] | None = None,
 ) -> GateReport:
     """Run ``cases`` (default :func:`fixed_cases`) through both variants and compare.
 
@@ -194,7 +195,9 @@ def run_gate(
     for that last fraction of steps; the reference always runs full guidance, so the gate
     prices the truncation lever and the precision together. ``candidate_batched_rows`` runs
     every candidate UNet call with that many other rows beside it (:func:`co_batched`), as
-    under the served ``unet``'s dynamic batching (up to 8 rows: 6 beside a request's 2)."""
+    under the served ``unet``'s dynamic batching (up to 8 rows: 6 beside a request's 2).
+    ``candidate_runtimes`` runs the named candidate graphs on another runtime, e.g.
+    ``{"vae_decoder": ("openvino", "bf16")}`` (``local_stages``); the reference stays on ORT."""
     from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline, params_from
     from facefuse.diffusion.stages import local_stages
@@ -202,7 +205,9 @@ def run_gate(
     root = Path(repository)
     manifest = PipelineManifest.load(root / "facefusion" / "1" / MANIFEST_NAME)
     ref_stages = local_stages(root, intra_op_threads, variant=reference)
-    cand_stages = local_stages(root, intra_op_threads, variant=candidate)
+    cand_stages = local_stages(
+        root, intra_op_threads, variant=candidate, runtimes=candidate_runtimes
+    )
     if candidate_batched_rows:
         cand_stages = replace(
             cand_stages, unet=co_batched(cand_stages.unet, candidate_batched_rows)

@@ -1,4 +1,4 @@
-"""OpenVINO behind the ONNX Runtime session interface, for the UNet family on CPU.
+"""OpenVINO behind the ONNX Runtime session interface, for the CPU graphs (served VAEs, UNet).
 
 ``openvino.Core`` reads the exported ``model.onnx`` directly. :class:`OpenVinoSession` has the
 two methods the serving code calls on an ORT session, ``get_inputs()`` (``name``, ``shape``

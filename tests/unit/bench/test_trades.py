@@ -16,12 +16,17 @@ SOURCE = Path(__file__).resolve().parents[3] / "model_repository"
 
 def test_a_trade_edits_only_its_copy_and_links_the_weights(tmp_path):
     source = tmp_path / "src"
-    for model in ("facefusion", "face_analyzer", "unet", "unet_deep", "unet_shallow"):
+    models = ("facefusion", "face_analyzer", "unet", "unet_deep", "unet_shallow")
+    for model in (*models, "vae_encoder", "vae_decoder"):
         (source / model / "1").mkdir(parents=True)
         (source / model / "config.pbtxt").write_text((SOURCE / model / "config.pbtxt").read_text())
     (source / "unet" / "1" / "model.onnx").write_bytes(b"weights")
     trade = Trade(
-        "t", {"deep_cache_interval": "3"}, {"feather": "0.3"}, {"onnx_file": "model.onnx"}
+        "t",
+        {"deep_cache_interval": "3"},
+        {"feather": "0.3"},
+        {"onnx_file": "model.onnx"},
+        {"runtime": "onnxruntime"},
     )
     copy = variant_repository(source, tmp_path / "copy", trade)
     assert configs.get_parameter(configs.read(copy / "facefusion" / "config.pbtxt"),
@@ -31,6 +36,11 @@ def test_a_trade_edits_only_its_copy_and_links_the_weights(tmp_path):
     for model in ("unet", "unet_deep", "unet_shallow"):
         assert configs.get_parameter(configs.read(copy / model / "config.pbtxt"),
                                      "onnx_file") == "model.onnx"  # fmt: skip
+    for model in ("vae_encoder", "vae_decoder"):
+        assert configs.get_parameter(configs.read(copy / model / "config.pbtxt"),
+                                     "runtime") == "onnxruntime"  # fmt: skip
+    assert configs.get_parameter(configs.read(source / "vae_decoder" / "config.pbtxt"),
+                                 "runtime") == "openvino"  # fmt: skip
     # the source repository is untouched; the weights are the same file, not a copy
     assert configs.get_parameter(configs.read(source / "unet" / "config.pbtxt"),
                                  "onnx_file") == "model.int8.onnx"  # fmt: skip

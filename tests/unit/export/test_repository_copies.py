@@ -67,3 +67,8 @@ def test_naive_copy_is_baseline_b_fp32_ddim_no_compression_no_cache(tmp_path):
     assert get_parameter(config("facefusion"), "scheduler") == "ddim"
     assert get_parameter(config("prompt_optimizer"), "compress") == "false"
     assert get_parameter(config("text_encoder"), "cache_budget_bytes") == "0"
+    # facefuse serves the VAEs on OpenVINO; B runs every graph on ONNX Runtime
+    vae = parse((source / "vae_decoder" / "config.pbtxt").read_text())
+    assert get_parameter(vae, "runtime") == "openvino"
+    for model in ("vae_encoder", "vae_decoder", "unet"):
+        assert get_parameter(config(model), "runtime", "onnxruntime") == "onnxruntime"

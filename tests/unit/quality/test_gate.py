@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -156,3 +157,35 @@ def test_gate_command_rejects_negative_batched_rows(capsys):
 
     assert main(["quality", "--batched-with", "-1"]) == 2
     assert "--batched-with" in capsys.readouterr().err
+
+
+def test_gate_prices_the_vaes_on_openvino(int8_repository, capsys):
+    """fp32 against fp32 with the VAEs on OpenVINO bf16 (the served CPU default): the init
+    latents and the image differ from ORT's, and the gate still passes 32 dB."""
+    pytest.importorskip("openvino")
+    from facefuse.cli import main
+
+    argv = ["quality", "--repository", str(int8_repository), "--candidate", "fp32"]
+    assert (
+        main(
+            [
+                *argv,
+                "--steps",
+                "4",
+                "--cases",
+                "1",
+                "--json",
+                "--candidate-openvino",
+                "vae_encoder,vae_decoder",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    (case,) = report["cases"]
+    assert case["max_abs_init_latents"] > 0.0 and case["max_abs_conditioning"] == 0.0
+    assert 32.0 <= case["psnr_db"] < PSNR_CAP_DB
+    assert "vae_encoder, vae_decoder on OpenVINO bf16" in out.err
+    assert main([*argv, "--candidate-openvino", "vae"]) == 2
+    assert "--candidate-openvino" in capsys.readouterr().err

@@ -66,3 +66,32 @@ def test_missing_graph_bad_precision_and_unknown_runtime_are_load_errors(tmp_pat
         open_session(graph, runtime="openvino", precision="int4")
     with pytest.raises(ModelLoadError, match="runtime"):
         open_session(graph, runtime="tensorflow")
+
+
+def test_local_stages_open_the_graphs_on_the_runtime_the_configs_name(tiny_repository, monkeypatch):
+    """The shipped configs serve the VAEs on OpenVINO bf16 (``served_runtimes`` reads them);
+    ``local_stages`` opens exactly those on it, the rest on ONNX Runtime, and the decoded
+    image stays within the precision gate's PSNR bar of ORT's."""
+    from facefuse.bench.e2e import served_runtimes
+    from facefuse.diffusion.stages import local_stages
+    from facefuse.runtime import sessions
+
+    runtimes = served_runtimes(tiny_repository)
+    assert runtimes == {m: ("openvino", "bf16") for m in ("vae_encoder", "vae_decoder")}
+    opened = {}
+    real = sessions.open_session
+
+    def recording(path, options, runtime="onnxruntime", precision="bf16"):
+        opened[path.parent.parent.name] = runtime
+        return real(path, options, runtime, precision)
+
+    monkeypatch.setattr(sessions, "open_session", recording)
+    on_openvino = local_stages(tiny_repository, runtimes=runtimes)
+    assert opened["vae_decoder"] == opened["vae_encoder"] == "openvino"
+    assert opened["unet"] == opened["text_encoder"] == "onnxruntime"
+    on_ort = local_stages(tiny_repository)
+    assert set(opened.values()) == {"onnxruntime"}
+    latent = np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    expected, got = on_ort.decode_latents(latent), on_openvino.decode_latents(latent)
+    mse = float(((got - expected) ** 2).mean())
+    assert 10 * np.log10(np.abs(expected).max() ** 2 / max(mse, 1e-20)) > 30
