@@ -21,7 +21,10 @@ def _common(parser: argparse.ArgumentParser, with_strength: bool) -> None:
         f"{DEFAULT_URLS['http']} for HTTP)",
     )
     parser.add_argument(
-        "--steps", type=int, default=None, help="denoising steps, 1..100 (server default 20)"
+        "--steps",
+        type=int,
+        default=None,
+        help="denoising steps, 1..100 (default: the served default_steps, 10 for fusion)",
     )
     if with_strength:
         parser.add_argument(

@@ -83,6 +83,7 @@ def naive_repository(source: str | Path, destination: str | Path) -> Path:
         if model.name in ("facefusion", "txt2img"):
             set_parameter(config, "scheduler", "ddim")
             set_parameter(config, "deep_cache_interval", "1")
+            set_parameter(config, "default_steps", "50")
         if model.name == "prompt_optimizer":
             set_parameter(config, "compress", "false")
         if model.name == "unet":

@@ -160,7 +160,7 @@ def local_fusion(pipeline, source: bytes, target: bytes):
 
     def call(index: int) -> None:
         with lock:
-            params = params_from(strength=STRENGTH, guidance=GUIDANCE, seed=index)
+            params = params_from(pipeline.default_steps, STRENGTH, GUIDANCE, index)
             pipeline.fuse_png(source, target, INSTRUCTION, params)
 
     return call

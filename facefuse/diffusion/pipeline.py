@@ -87,6 +87,13 @@ def options_from_parameters(params: dict[str, str]) -> dict:
             raise ValueError(f"pipeline parameter {key} must be a number, got {raw!r}") from None
 
     interval = number("deep_cache_interval", int, "1")
+    default_steps = number("default_steps", int, str(DEFAULT_STEPS))
+    limits = DEFAULT_LIMITS
+    if not limits.min_steps <= default_steps <= limits.max_steps:
+        raise ValueError(
+            f"pipeline parameter default_steps must be in {limits.min_steps}..{limits.max_steps}, "
+            f"got {default_steps}"
+        )
     cfg_truncation = number("cfg_truncation", float, "0")
     upper_face_strength = number("upper_face_strength", float, "1")
     upper_face_pixels = params.get("upper_face_pixels", "decoded")
@@ -104,6 +111,7 @@ def options_from_parameters(params: dict[str, str]) -> dict:
         "upper_face_strength": upper_face_strength,
         "upper_face_pixels": upper_face_pixels,
         "deep_cache_interval": interval,
+        "default_steps": default_steps,
     }
 
 
@@ -164,8 +172,11 @@ class Pipeline:
         upper_face_strength: float = 1.0,
         deep_cache_interval: int = 1,
         upper_face_pixels: str = "decoded",
+        default_steps: int = DEFAULT_STEPS,
     ):
-        """``adaptive_steps``: fusion requests that give no STEPS (``fuse(..., auto_steps=
+        """``default_steps``: the STEPS of a request that names none (the served
+        ``default_steps`` parameter; the caller fills it in, e.g. :meth:`params`).
+        ``adaptive_steps``: fusion requests that give no STEPS (``fuse(..., auto_steps=
         True)``) get 15..30 steps from the face's complexity (:mod:`.adaptive`).
         ``cfg_truncation``: skip the unconditional half for this last fraction of steps.
         ``upper_face_strength``: the share of STRENGTH the eyes and brows get (1: the whole
@@ -188,11 +199,17 @@ class Pipeline:
             raise ValueError(
                 f"upper_face_pixels must be one of {UPPER_FACE_PIXELS}, got {upper_face_pixels!r}"
             )
+        if not DEFAULT_LIMITS.min_steps <= default_steps <= DEFAULT_LIMITS.max_steps:
+            raise ValueError(
+                f"default_steps must be in {DEFAULT_LIMITS.min_steps}..{DEFAULT_LIMITS.max_steps}, "
+                f"got {default_steps}"
+            )
         if deep_cache_interval > 1 and stages.deep_cache is None:
             raise ValueError(
                 f"deep_cache_interval {deep_cache_interval} needs the unet_deep/unet_shallow models"
             )
         self.deep_cache_interval = deep_cache_interval
+        self.default_steps = int(default_steps)
         self.upper_face_strength = upper_face_strength
         self.upper_face_pixels = upper_face_pixels
         self.stages = stages

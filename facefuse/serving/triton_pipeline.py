@@ -91,7 +91,8 @@ class PipelineTritonModel:
         return self.handle(request)
 
     def params(self, request, with_strength: bool = True):
-        """Optional STEPS/STRENGTH/GUIDANCE/SEED with defaults, validated together."""
+        """Optional STEPS/STRENGTH/GUIDANCE/SEED with defaults (STEPS: the ``default_steps``
+        parameter), validated together."""
 
         def number(cast):
             def convert(value):
@@ -102,8 +103,9 @@ class PipelineTritonModel:
 
             return convert
 
+        steps = get_scalar(request, STEPS.name, None, number(int))
         return params_from(
-            steps=get_scalar(request, STEPS.name, None, number(int)),
+            steps=self.pipeline.default_steps if steps is None else steps,
             strength=get_scalar(request, STRENGTH.name, None, number(float))
             if with_strength
             else None,

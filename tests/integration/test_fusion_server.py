@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,6 +86,20 @@ def test_fuse_over_http_is_deterministic_and_matches_grpc(server, sample_images)
     with Client(server.http_url, "http") as client:
         other_seed = client.fuse(source, target, INSTRUCTION, **{**FAST, "seed": 8})
     assert other_seed.png != first.png
+
+
+def test_a_request_without_steps_runs_the_served_default_steps(server, sample_images):
+    """``default_steps`` in facefusion's config (10 as shipped) fills an absent STEPS;
+    txt2img's config names none and keeps 20."""
+    from facefuse.export.configs import get_parameter, read
+
+    shipped = read(Path(__file__).resolve().parents[2] / "model_repository/facefusion/config.pbtxt")
+    default = int(get_parameter(shipped, "default_steps"))
+    source, target = sample_images
+    with Client(server.grpc_url, "grpc") as client:
+        result = client.fuse(source, target, INSTRUCTION, strength=0.5, seed=7)
+    assert default != 20 and result.info["steps"] == default
+    assert result.info["steps_run"] == default // 2
 
 
 def test_txt2img_over_http(server):

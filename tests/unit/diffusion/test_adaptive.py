@@ -108,3 +108,18 @@ def test_cfg_truncation_drops_the_unconditional_half_at_the_end():
     assert calls == [2] * 15 + [1] * 5 and info["cfg_truncation"] == 0.25
     with pytest.raises(ValueError, match="cfg_truncation"):
         _pipeline(np.zeros((64, 64, 3)), [], cfg_truncation=1.5)
+
+
+def test_default_steps_is_parsed_kept_and_checked():
+    """The served ``default_steps`` parameter: what a request without STEPS runs; a value
+    outside the request limits fails the load with a line naming the parameter."""
+    from facefuse.diffusion.pipeline import DEFAULT_STEPS, Pipeline, options_from_parameters
+
+    assert options_from_parameters({})["default_steps"] == DEFAULT_STEPS
+    options = options_from_parameters({"default_steps": "10"})
+    assert _pipeline(_textured(64, 0.4), [], **options).default_steps == 10
+    for bad in ("0", "101", "ten"):
+        with pytest.raises(ValueError, match="pipeline parameter default_steps"):
+            options_from_parameters({"default_steps": bad})
+    with pytest.raises(ValueError, match=r"default_steps must be in 1\.\.100"):
+        Pipeline(None, None, default_steps=0)

@@ -65,6 +65,7 @@ def test_naive_copy_is_baseline_b_fp32_ddim_no_compression_no_cache(tmp_path):
     assert get_parameter(config("unet"), "parallel_runs") == "1"
     assert not config("unet").HasField("dynamic_batching")
     assert get_parameter(config("facefusion"), "scheduler") == "ddim"
+    assert get_parameter(config("facefusion"), "default_steps") == "50"
     assert get_parameter(config("prompt_optimizer"), "compress") == "false"
     assert get_parameter(config("text_encoder"), "cache_budget_bytes") == "0"
     # facefuse serves the VAEs on OpenVINO; B runs every graph on ONNX Runtime
