@@ -193,6 +193,8 @@ def write_variant_models(root: Path, precision: str) -> list[Path]:
             configs.remove_parameter(edited, "onnx_file")
             if edited.backend == "python":
                 configs.set_parameter(edited, "onnx_file", file)
+            if configs.get_parameter(edited, "runtime") == "auto":  # a variant serves its file
+                configs.set_parameter(edited, "runtime", "onnxruntime")
             configs.write(
                 edited,
                 folder / config.relative_to(base),

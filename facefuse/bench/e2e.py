@@ -253,18 +253,29 @@ def run_baseline_a(model: str, levels, counts, source, target) -> dict:
     }
 
 
+def served_parameters(repository: Path, model: str) -> dict[str, str]:
+    """``model``'s config parameters as served on this machine (``runtime: auto`` resolved)."""
+    from facefuse.export.configs import read
+    from facefuse.runtime.openvino import resolve_auto
+
+    config = read(repository / model / "config.pbtxt")
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    return resolve_auto(params, repository / model / "1")
+
+
 def served_runtimes(repository: Path) -> dict[str, tuple[str, str]]:
-    """ONNX model name -> (``runtime``, ``openvino_precision``) as its config.pbtxt says, for
-    the models whose config names a runtime (the others run on ONNX Runtime)."""
-    from facefuse.export.configs import get_parameter, read
+    """ONNX model name -> (``runtime``, ``openvino_precision``) as its config.pbtxt says
+    (``auto`` resolved for this CPU), for the models whose config names a runtime (the others
+    run on ONNX Runtime)."""
     from facefuse.runtime.variants import ONNX_MODELS
 
     out = {}
     for name in ONNX_MODELS:
-        path = repository / name / "config.pbtxt"
-        config = read(path) if path.is_file() else None
-        if config is not None and (runtime := get_parameter(config, "runtime", "")):
-            out[name] = (runtime, get_parameter(config, "openvino_precision", "bf16"))
+        if not (repository / name / "config.pbtxt").is_file():
+            continue
+        params = served_parameters(repository, name)
+        if runtime := params.get("runtime", ""):
+            out[name] = (runtime, params.get("openvino_precision", "bf16"))
     return out
 
 
@@ -278,16 +289,13 @@ def in_process_pipeline(repository: Path):
     from facefuse.export.configs import get_parameter, read
 
     manifest = PipelineManifest.load(repository / "facefusion" / "1" / "pipeline.json")
-    unet_config = read(repository / "unet" / "config.pbtxt")
-    served = get_parameter(unet_config, "onnx_file")
+    unet = served_parameters(repository, "unet")
+    served = unet.get("onnx_file", "")
     template = get_parameter(
         read(repository / "prompt_optimizer" / "config.pbtxt"), "prompt_template"
     )
     variant = "int8" if served == "model.int8.onnx" else "fp32"
-    unet_parts = (
-        int(get_parameter(unet_config, "parallel_runs", "1")),
-        int(get_parameter(unet_config, "intra_op_threads", "0")),
-    )
+    unet_parts = (int(unet.get("parallel_runs", "1")), int(unet.get("intra_op_threads", "0")))
     stages = local_stages(
         repository,
         variant=variant,

@@ -37,7 +37,12 @@ class Trade:
 UPPER_FACE_SOURCE = {"upper_face_strength": "0", "upper_face_pixels": "source"}
 TRADES = (
     Trade("base"),
-    Trade("fp32 unet", {"precision": "fp32"}, unet={"onnx_file": "model.onnx"}),
+    Trade(
+        "fp32 unet",
+        {"precision": "fp32"},
+        unet={"onnx_file": "model.onnx", "runtime": "onnxruntime"},
+    ),
+    Trade("unet onnxruntime int8", unet={"runtime": "onnxruntime"}),
     Trade(
         "openvino bf16",
         {"precision": "fp32"},  # the fp32 graph, run by OpenVINO in bfloat16 where the CPU can
@@ -82,11 +87,22 @@ TRADES = (
         "upper face 0 + source pixels + cfg truncation 0.3",
         UPPER_FACE_SOURCE | {"cfg_truncation": "0.3"},
     ),
+    # on the served default with default_steps 10
+    Trade("autoencoder residual", UPPER_FACE_SOURCE | {"autoencoder_residual": "true"}),
+    Trade(
+        "autoencoder residual + steps 20",
+        UPPER_FACE_SOURCE | {"autoencoder_residual": "true"},
+        request={"steps": 20},
+    ),
+    # the upper face's lower edge moved toward the chin: more of A's composite kept as is
+    Trade("upper face split 0.15", UPPER_FACE_SOURCE | {"upper_face_split": "0.15"}),
+    Trade("upper face split 0.3", UPPER_FACE_SOURCE | {"upper_face_split": "0.3"}),
+    Trade("upper face split 0.45", UPPER_FACE_SOURCE | {"upper_face_split": "0.45"}),
 )
 # what the server says it ran (INFO of the first response)
 SERVED_KEYS = ("variant", "scheduler", "steps_run", "unet_calls", "shallow_calls", "guidance")
 SERVED_KEYS += ("strength", "cfg_truncation", "upper_face_strength", "upper_face_pixels")
-SERVED_KEYS += ("deep_cache_interval",)
+SERVED_KEYS += ("deep_cache_interval", "autoencoder_residual", "upper_face_split")
 FORMATS = {"face found": ".0%", "nearer A": ".0%", "smile wider": ".0%", "median d(A)": ".3f"}
 FORMATS |= {"smile/neutral": ".3f", "PSNR out min": ".1f"}
 COLUMNS = ("face found", "nearer A", "median d(A)", "smile wider", "smile/neutral", "PSNR out min")

@@ -96,7 +96,17 @@ def options_from_parameters(params: dict[str, str]) -> dict:
         )
     cfg_truncation = number("cfg_truncation", float, "0")
     upper_face_strength = number("upper_face_strength", float, "1")
+    upper_face_split = number("upper_face_split", float, "0")
+    if not -1.0 <= upper_face_split <= 1.0:
+        raise ValueError(
+            f"pipeline parameter upper_face_split must be in [-1, 1], got {upper_face_split}"
+        )
     upper_face_pixels = params.get("upper_face_pixels", "decoded")
+    residual = params.get("autoencoder_residual", "false").lower()
+    if residual not in ("true", "false"):
+        raise ValueError(
+            f"pipeline parameter autoencoder_residual must be true or false, got {residual!r}"
+        )
     if interval < 1:
         raise ValueError(f"pipeline parameter deep_cache_interval must be >= 1, got {interval}")
     if upper_face_pixels not in UPPER_FACE_PIXELS:
@@ -110,6 +120,8 @@ def options_from_parameters(params: dict[str, str]) -> dict:
         "cfg_truncation": cfg_truncation,
         "upper_face_strength": upper_face_strength,
         "upper_face_pixels": upper_face_pixels,
+        "upper_face_split": upper_face_split,
+        "autoencoder_residual": residual == "true",
         "deep_cache_interval": interval,
         "default_steps": default_steps,
     }
@@ -153,6 +165,17 @@ def restore_held_pixels(
     return np.clip(composite * (1.0 - w) + (decoded + shift) * w, 0.0, 1.0).astype(np.float32)
 
 
+def add_roundtrip_residual(
+    composite: np.ndarray, decoded: np.ndarray, roundtrip: np.ndarray, mask: np.ndarray
+) -> np.ndarray:
+    """``decoded + mask * (composite - roundtrip)``, clipped to [0, 1]: where diffusion changed
+    nothing (``decoded == roundtrip``, the composite's own decode) the composite comes back
+    exactly, and elsewhere the autoencoder's detail loss is added back to the change. HxWx3 in
+    [0, 1], ``mask`` HxW in [0, 1] (outside it the caller pastes B's pixels anyway)."""
+    residual = (composite - roundtrip) * mask[..., None]
+    return np.clip(decoded + residual, 0.0, 1.0).astype(np.float32)
+
+
 def _context(hidden: np.ndarray) -> np.ndarray:
     """[N,77,D] chunk embeddings -> [N*77, D] conditioning (A1111-style concatenation)."""
     return hidden.reshape(-1, hidden.shape[-1])
@@ -173,6 +196,8 @@ class Pipeline:
         deep_cache_interval: int = 1,
         upper_face_pixels: str = "decoded",
         default_steps: int = DEFAULT_STEPS,
+        autoencoder_residual: bool = False,
+        upper_face_split: float = 0.0,
     ):
         """``default_steps``: the STEPS of a request that names none (the served
         ``default_steps`` parameter; the caller fills it in, e.g. :meth:`params`).
@@ -187,6 +212,11 @@ class Pipeline:
         the composite's over the regenerated face, weighted by that share map), so what
         diffusion did not regenerate does not pay the autoencoder's round trip either;
         "decoded" keeps the decoder's output everywhere. No effect at upper_face_strength 1.
+        ``upper_face_split``: where the upper face ends, in semi-axes of the face ellipse below
+        its centre (0: between nose and mouth; larger holds more of the lower face).
+        ``autoencoder_residual``: add back what the autoencoder's round trip loses on the
+        composite, ``composite - decode(encode(composite))`` (one more decoder call), so the
+        output is the composite plus what diffusion changed (:func:`add_roundtrip_residual`).
         ``deep_cache_interval``: N > 1 runs DeepCache (the whole UNet every N steps, its
         shallow layers between; ``stages.deep_cache`` must be given)."""
         if not 0.0 <= cfg_truncation <= 1.0:
@@ -195,6 +225,8 @@ class Pipeline:
             raise ValueError(f"upper_face_strength must be in [0, 1], got {upper_face_strength}")
         if deep_cache_interval < 1:
             raise ValueError(f"deep_cache_interval must be >= 1, got {deep_cache_interval}")
+        if not -1.0 <= upper_face_split <= 1.0:
+            raise ValueError(f"upper_face_split must be in [-1, 1], got {upper_face_split}")
         if upper_face_pixels not in UPPER_FACE_PIXELS:
             raise ValueError(
                 f"upper_face_pixels must be one of {UPPER_FACE_PIXELS}, got {upper_face_pixels!r}"
@@ -212,6 +244,8 @@ class Pipeline:
         self.default_steps = int(default_steps)
         self.upper_face_strength = upper_face_strength
         self.upper_face_pixels = upper_face_pixels
+        self.upper_face_split = float(upper_face_split)
+        self.autoencoder_residual = bool(autoencoder_residual)
         self.stages = stages
         self.manifest = manifest
         self.scheduler_name = scheduler
@@ -269,7 +303,7 @@ class Pipeline:
         if self.upper_face_strength < 1.0:
             from facefuse.face.mask import upper_face_weight
 
-            weight = upper_face_weight(mask, self.upper_face_strength)
+            weight = upper_face_weight(mask, self.upper_face_strength, split=self.upper_face_split)
             strength_map = latent_mask(weight, self.manifest.latent_size)
         request = LoopRequest(
             cond=cond,
@@ -288,6 +322,9 @@ class Pipeline:
         result = self._denoise(timer, request)
         decoded = timer.run("vae_decoder", self.stages.decode_latents, result.latents[None])
         fused = from_nchw(decoded)
+        if self.autoencoder_residual:
+            roundtrip = timer.run("vae_decoder_init", self.stages.decode_latents, init)
+            fused = add_roundtrip_residual(composite, fused, from_nchw(roundtrip), mask)
         if weight is not None and self.upper_face_pixels == "source":
             fused = restore_held_pixels(composite, fused, mask, weight)
         info.update(self._loop_info(params, result), stage_ms=timer.ms)
@@ -356,6 +393,8 @@ class Pipeline:
             "cfg_truncation": self.cfg_truncation,
             "upper_face_strength": self.upper_face_strength,
             "upper_face_pixels": self.upper_face_pixels,
+            "upper_face_split": self.upper_face_split,
+            "autoencoder_residual": self.autoencoder_residual,
             "variant": self.variant,
             "model_id": self.manifest.model_id,
         }

@@ -49,14 +49,17 @@ def feathered_ellipse(
     return soft.astype(np.float32)
 
 
-def upper_face_weight(mask: np.ndarray, hold: float, band: float = 0.25) -> np.ndarray:
+def upper_face_weight(
+    mask: np.ndarray, hold: float, band: float = 0.25, split: float = 0.0
+) -> np.ndarray:
     """Per-pixel share of the run's strength: ``hold`` over the upper face, 1 over the lower.
 
     The face's axes are read from the mask itself (centroid and principal axes of its
     moments: the longer axis runs brow to chin, taken pointing down the image), so the map
-    follows tilted faces. The split is the line through the ellipse centre across the face,
-    which runs between the nose and the mouth (the eyes lie 0.55 eye distances above the
-    centre, the mouth about 0.45 below); ``band`` (in semi-axis units) smooths the step.
+    follows tilted faces. The split is the line across the face ``split`` semi-axes below the
+    ellipse centre; at 0 it runs between the nose and the mouth (the eyes lie 0.55 eye
+    distances above the centre, the mouth about 0.45 below). ``band`` (in semi-axis units)
+    smooths the step.
     Returns float32 of the mask's shape in [hold, 1]; all ones when ``hold >= 1`` or the mask is
     empty.
     """
@@ -77,5 +80,5 @@ def upper_face_weight(mask: np.ndarray, hold: float, band: float = 0.25) -> np.n
     semi = 2.0 * np.sqrt(max(values.max(), 1e-6))  # a filled ellipse's variance is axis^2 / 4
     ys, xs = np.mgrid[0 : mask.shape[0], 0 : mask.shape[1]].astype(np.float32)
     v = ((xs - cx) * down[0] + (ys - cy) * down[1]) / semi
-    ramp = np.clip(v / band + 0.5, 0.0, 1.0)  # 0 above the band, 1 below it
+    ramp = np.clip((v - split) / band + 0.5, 0.0, 1.0)  # 0 above the band, 1 below it
     return (hold + (1.0 - hold) * ramp).astype(np.float32)

@@ -39,7 +39,10 @@ log = logging.getLogger("facefuse.gpu")
 
 ONNX_RUNTIME = "onnxruntime"
 OPENVINO = "openvino"  # CPU, the exported ONNX graph (facefuse.runtime.openvino)
-RUNTIMES = (ONNX_RUNTIME, OPENVINO, "torch-cuda", "torch-cpu")
+# auto: OpenVINO bf16 for a large graph where the CPU computes bf16 natively, ONNX Runtime
+# elsewhere (facefuse.runtime.openvino.resolve_auto)
+AUTO = "auto"
+RUNTIMES = (ONNX_RUNTIME, OPENVINO, AUTO, "torch-cuda", "torch-cpu")
 KINDS = ("unet", "vae_encoder", "vae_decoder", "text_encoder")
 DTYPES = ("float16", "float32", "bfloat16")
 DEFAULT_GRAPH_BATCHES = (1, 2, 4, 8, 16)
@@ -101,7 +104,7 @@ def runtime_of(params: dict[str, str], model: str) -> str:
 def settings_from(params: dict[str, str], model: str, max_batch: int | None) -> TorchSettings:
     """:class:`TorchSettings` from a model config's parameters; ModelLoadError names the bad one."""
     runtime = runtime_of(params, model)
-    if runtime in (ONNX_RUNTIME, OPENVINO):
+    if runtime in (ONNX_RUNTIME, OPENVINO, AUTO):
         raise ModelLoadError(f"{model}: runtime {runtime!r} is not a torch runtime")
     cpu = runtime == "torch-cpu"
     dtype = params.get("dtype", "float32" if cpu else "float16").strip().lower()

@@ -25,6 +25,7 @@ from facefuse.gpu.runtime import (
     torch_kind,
 )
 from facefuse.runtime.memory import check_cpu_fits
+from facefuse.runtime.openvino import resolve_auto
 from facefuse.runtime.sessions import (
     PartsRunner,
     SessionOptions,
@@ -68,6 +69,11 @@ class OnnxTritonModel:
         config = json.loads(args["model_config"])
         self.name = config["name"]
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        runtime_of(params, self.name)  # an unknown runtime fails the load, naming it
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        # `runtime: auto`: OpenVINO bf16 on model.onnx for a large graph where the CPU computes
+        # bf16 natively, ONNX Runtime on `onnx_file` elsewhere (runtime.openvino.resolve_auto)
+        params = resolve_auto(params, version_dir)
         parts = int_parameter(params, "parallel_runs", 1, 1, self.name)
         threads = int_parameter(params, "intra_op_threads", 0, 0, self.name)
         options = SessionOptions(
@@ -75,11 +81,12 @@ class OnnxTritonModel:
             inter_op_threads=int_parameter(params, "inter_op_threads", 1, 0, self.name),
             allow_spinning=params.get("allow_spinning", "false").lower() == "true",
         )
-        version_dir = Path(args["model_repository"]) / args["model_version"]
         self.max_rows = int(config.get("max_batch_size", 0)) or None
         # `runtime`: onnxruntime (default, CPU) or torch-cuda / torch-cpu (facefuse.gpu.runtime:
         # the PyTorch module in FP16 with CUDA graphs, behind the same session interface)
         self.runtime = runtime_of(params, self.name)
+        log_line = f"{self.name}: runtime {self.runtime}, {params.get('onnx_file', ONNX_FILE)}"
+        print(log_line, flush=True)  # the Python backend forwards stdout to the server log
         if self.runtime not in (ONNX_RUNTIME, OPENVINO):
             self.session = open_torch_session(
                 torch_kind(self.INPUTS), params, self.name, version_dir, self.max_rows

@@ -318,10 +318,14 @@ def test_killed_stub_mid_traffic_fails_cleanly_and_recovers_by_reload(own_server
 def test_corrupt_or_missing_onnx_fails_start_with_a_log_line_naming_the_file(
     tiny_repository, tmp_path
 ):
+    from facefuse.bench.e2e import served_parameters
+
     repository = tmp_path / "model_repository"
     for model in ("unet", "vae_decoder"):
         shutil.copytree(tiny_repository / model, repository / model)
-    corrupt = repository / "unet" / "1" / "model.int8.onnx"  # the file the CPU config serves
+    # the file the CPU config serves here (runtime auto: model.onnx on OpenVINO for a large graph)
+    served = served_parameters(repository, "unet")
+    corrupt = repository / "unet" / "1" / served["onnx_file"]
     corrupt.write_bytes(b"\x08\x07this is not a protobuf" + corrupt.read_bytes()[:1000])
     missing = repository / "vae_decoder" / "1" / "model.onnx"
     missing.unlink()
@@ -330,9 +334,9 @@ def test_corrupt_or_missing_onnx_fails_start_with_a_log_line_naming_the_file(
     with pytest.raises(ServerError, match="exited with code"):
         LocalTritonServer(config, log_path=log).start()
     text = log_text(log)
-    assert re.search(rf"{re.escape(str(corrupt.resolve()))}: not a loadable ONNX model", text), (
-        text[-3000:]
-    )
+    refusal = {"openvino": "OpenVINO cannot compile it", "onnxruntime": "not a loadable ONNX model"}
+    expected = f"{corrupt.resolve()}: {refusal[served['runtime']]}"
+    assert expected in text, text[-3000:]
     assert f"{missing.resolve()}: ONNX file not found" in text, text[-3000:]
     assert re.search(r"failed to load 'unet'", text) and re.search(
         r"failed to load 'vae_decoder'", text

@@ -123,3 +123,19 @@ def test_default_steps_is_parsed_kept_and_checked():
             options_from_parameters({"default_steps": bad})
     with pytest.raises(ValueError, match=r"default_steps must be in 1\.\.100"):
         Pipeline(None, None, default_steps=0)
+
+
+def test_autoencoder_residual_returns_the_composite_where_nothing_was_regenerated():
+    """With the stand-in decoder (every latent decodes to mid-grey) the round trip loses the
+    whole composite; the residual gives it back inside the mask, with one more decoder call."""
+    from facefuse.diffusion.pipeline import params_from
+
+    composite = _textured(64, 0.4)
+    calls: list = []
+    plain = _pipeline(composite, calls)
+    fused, _, _, info = plain.fuse(b"a", b"b", "x", params_from(steps=4))
+    assert np.allclose(fused, 0.5) and not info["autoencoder_residual"]
+    with_residual = _pipeline(composite, calls, autoencoder_residual=True)
+    fused, _, _, info = with_residual.fuse(b"a", b"b", "x", params_from(steps=4))
+    np.testing.assert_allclose(fused, np.clip(composite, 0, 1), atol=1e-6)  # mask is all ones
+    assert info["autoencoder_residual"] and "vae_decoder_init" in info["stage_ms"]

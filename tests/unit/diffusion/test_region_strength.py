@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -31,6 +32,21 @@ def test_eyes_are_held_and_the_mouth_is_free_also_on_tilted_faces(angle):
     assert weight.shape == mask.shape and weight.min() >= 0.3 and weight.max() <= 1.0
     assert weight[round(eyes[1]), round(eyes[0])] == pytest.approx(0.3, abs=1e-6)
     assert weight[round(mouth[1]), round(mouth[0])] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_the_split_moves_the_held_region_down_toward_the_chin():
+    from facefuse.diffusion.pipeline import options_from_parameters
+
+    mask, eyes, mouth = _face(15.0)
+    shares = [upper_face_weight(mask, 0.0, split=split)[mask > 0.5].mean() for split in
+              (-0.3, 0.0, 0.3, 0.9)]  # fmt: skip
+    assert all(a > b for a, b in itertools.pairwise(shares)), shares
+    low = upper_face_weight(mask, 0.0, split=0.9)
+    assert low[round(mouth[1]), round(mouth[0])] == 0.0 == low[round(eyes[1]), round(eyes[0])]
+    assert options_from_parameters({})["upper_face_split"] == 0.0
+    assert options_from_parameters({"upper_face_split": "0.3"})["upper_face_split"] == 0.3
+    with pytest.raises(ValueError, match=r"upper_face_split must be in \[-1, 1\], got 1.5"):
+        options_from_parameters({"upper_face_split": "1.5"})
 
 
 def test_hold_one_or_an_empty_mask_is_all_ones_and_bad_hold_is_refused():
@@ -110,3 +126,28 @@ def test_upper_face_pixels_is_parsed_and_a_bad_value_is_refused():
         options_from_parameters({"upper_face_pixels": "latent"})
     with pytest.raises(ValueError, match="upper_face_pixels"):
         Pipeline(None, None, upper_face_pixels="latent")
+
+
+def test_roundtrip_residual_gives_back_the_composite_where_diffusion_changed_nothing():
+    from facefuse.diffusion.pipeline import add_roundtrip_residual, options_from_parameters
+
+    rng = np.random.default_rng(3)
+    composite = rng.random((16, 16, 3)).astype(np.float32)
+    roundtrip = np.clip(composite + 0.05 * rng.standard_normal(composite.shape), 0, 1)
+    mask = np.zeros((16, 16), np.float32)
+    mask[4:12, 4:12] = 1.0
+    # nothing changed by diffusion: the composite exactly inside the mask, the decode outside
+    same = add_roundtrip_residual(composite, roundtrip, roundtrip, mask)
+    np.testing.assert_allclose(same[4:12, 4:12], composite[4:12, 4:12], atol=1e-6)
+    np.testing.assert_array_equal(same[0], roundtrip[0].astype(np.float32))
+    # a change (a brighter patch) is carried over on top of the composite's detail
+    changed = roundtrip.copy()
+    changed[6:8, 6:8] += 0.2
+    out = add_roundtrip_residual(composite, changed, roundtrip, mask)
+    expected = np.clip(composite[6:8, 6:8] + 0.2, 0, 1)
+    np.testing.assert_allclose(out[6:8, 6:8], expected, atol=1e-5)
+    assert out.min() >= 0.0 and out.max() <= 1.0
+    assert options_from_parameters({})["autoencoder_residual"] is False
+    assert options_from_parameters({"autoencoder_residual": "TRUE"})["autoencoder_residual"]
+    with pytest.raises(ValueError, match="pipeline parameter autoencoder_residual"):
+        options_from_parameters({"autoencoder_residual": "yes"})

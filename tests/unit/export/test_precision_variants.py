@@ -195,6 +195,11 @@ def test_variant_model_folders_point_at_the_variant_file(tiny_repository, tmp_pa
     assert 'name: "unet_int8"' in config and 'name: "unet"' not in config
     assert config.count('key: "onnx_file"') == 1
     assert 'string_value: "model.int8.onnx"' in config
+    # a precision variant serves its own file: unet's `runtime: auto` is pinned to ORT
+    assert 'string_value: "auto"' in (repo / "unet" / "config.pbtxt").read_text()
+    from facefuse.export.configs import get_parameter, read
+
+    assert get_parameter(read(folder / "config.pbtxt"), "runtime") == "onnxruntime"
     gpu = (folder / "configs" / "gpu.pbtxt").read_text()
     assert 'name: "unet_int8"' in gpu and 'default_model_filename: "model.int8.onnx"' in gpu
     assert 'platform: "onnxruntime_onnx"' in gpu and "tensorrt_plan" not in gpu

@@ -69,15 +69,19 @@ def test_missing_graph_bad_precision_and_unknown_runtime_are_load_errors(tmp_pat
 
 
 def test_local_stages_open_the_graphs_on_the_runtime_the_configs_name(tiny_repository, monkeypatch):
-    """The shipped configs serve the VAEs on OpenVINO bf16 (``served_runtimes`` reads them);
-    ``local_stages`` opens exactly those on it, the rest on ONNX Runtime, and the decoded
+    """The shipped configs serve the VAEs on OpenVINO bf16 and the UNet on ``auto``
+    (``served_runtimes`` reads and resolves them); ``local_stages`` opens each on its runtime,
+    the rest on ONNX Runtime, and the decoded
     image stays within the precision gate's PSNR bar of ORT's."""
     from facefuse.bench.e2e import served_runtimes
     from facefuse.diffusion.stages import local_stages
     from facefuse.runtime import sessions
 
     runtimes = served_runtimes(tiny_repository)
-    assert runtimes == {m: ("openvino", "bf16") for m in ("vae_encoder", "vae_decoder")}
+    # the UNet's runtime auto: a graph under openvino_min_mb stays on ONNX Runtime everywhere
+    assert runtimes == {m: ("openvino", "bf16") for m in ("vae_encoder", "vae_decoder")} | {
+        "unet": ("onnxruntime", "bf16")
+    }
     opened = {}
     real = sessions.open_session
 
@@ -95,3 +99,39 @@ def test_local_stages_open_the_graphs_on_the_runtime_the_configs_name(tiny_repos
     expected, got = on_ort.decode_latents(latent), on_openvino.decode_latents(latent)
     mse = float(((got - expected) ** 2).mean())
     assert 10 * np.log10(np.abs(expected).max() ** 2 / max(mse, 1e-20)) > 30
+
+
+def test_runtime_auto_picks_openvino_for_a_large_graph_where_bf16_is_native(tmp_path):
+    from facefuse.runtime.openvino import native_bf16, resolve_auto
+
+    (tmp_path / "model.onnx").write_bytes(b"0" * 2000)  # 0.002 MB
+    params = {"runtime": "auto", "onnx_file": "model.int8.onnx", "parallel_runs": "2",
+              "openvino_min_mb": "0.001"}  # fmt: skip
+    native = resolve_auto(params, tmp_path, bf16=True)
+    assert native == {**params, "runtime": "openvino", "onnx_file": "model.onnx",
+                      "parallel_runs": "1"}  # fmt: skip
+    on_ort = {**params, "runtime": "onnxruntime"}
+    assert resolve_auto(params, tmp_path, bf16=False) == on_ort
+    small = {**params, "openvino_min_mb": "0.003"}
+    assert resolve_auto(small, tmp_path, bf16=True) == {**small, "runtime": "onnxruntime"}
+    assert (
+        resolve_auto({**params, "openvino_file": "model.fp16.onnx"}, tmp_path, True)["runtime"]
+        == "onnxruntime"
+    )  # no such file: ORT, whose missing onnx_file then fails the load
+    (tmp_path / "model.fp16.onnx").write_bytes(b"0" * 2000)
+    other = resolve_auto({**params, "openvino_file": "model.fp16.onnx"}, tmp_path, bf16=True)
+    assert other["onnx_file"] == "model.fp16.onnx"
+    pinned = {"runtime": "onnxruntime", "onnx_file": "model.int8.onnx"}
+    assert resolve_auto(pinned, tmp_path, bf16=True) is pinned
+    expected = "openvino" if native_bf16() else "onnxruntime"
+    assert resolve_auto(params, tmp_path)["runtime"] == expected
+    with pytest.raises(ModelLoadError, match="openvino_min_mb must be a number"):
+        resolve_auto({**params, "openvino_min_mb": "big"}, tmp_path)
+
+
+def test_an_unknown_runtime_fails_the_load_naming_it():
+    from facefuse.gpu.runtime import runtime_of
+
+    assert runtime_of({"runtime": "auto"}, "unet") == "auto"
+    with pytest.raises(ModelLoadError, match="unet: parameter runtime must be one of"):
+        runtime_of({"runtime": "openvino-gpu"}, "unet")
