@@ -95,7 +95,9 @@ TRADES = (
         request={"steps": 20},
     ),
     # the upper face's lower edge moved toward the chin: more of A's composite kept as is
+    Trade("upper face split 0.1", UPPER_FACE_SOURCE | {"upper_face_split": "0.1"}),
     Trade("upper face split 0.15", UPPER_FACE_SOURCE | {"upper_face_split": "0.15"}),
+    Trade("upper face split 0.2", UPPER_FACE_SOURCE | {"upper_face_split": "0.2"}),
     Trade("upper face split 0.3", UPPER_FACE_SOURCE | {"upper_face_split": "0.3"}),
     Trade("upper face split 0.45", UPPER_FACE_SOURCE | {"upper_face_split": "0.45"}),
 )

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from facefuse.core.errors import ModelLoadError
+from facefuse.runtime.memory import weight_bytes
 
 PRECISIONS = ("f32", "bf16")
 AUTO = "auto"
@@ -47,12 +48,12 @@ def resolve_auto(
     OpenVINO at ``openvino_precision`` on ``openvino_file`` (default ``model.onnx``) in
     ``version_dir``, one run on all threads (``parallel_runs`` 1), where both hold: OpenVINO
     computes bf16 natively (``bf16``, default :func:`native_bf16`) and that file weighs at
-    least ``openvino_min_mb`` (default 100) MB; elsewhere ONNX Runtime on ``onnx_file`` with
-    the configured ``parallel_runs``. Any other ``runtime`` is returned unchanged. Measured on
-    an AMX Xeon (docs/benchmarks.md): the SD-1.5-shaped UNet (3.4 GB) runs 3.28x ORT fp32 on
-    OpenVINO bf16 against 1.29x on ORT INT8; the 24 MB faces UNet costs 10% more CPU per
-    image on OpenVINO than on ORT INT8 in two 1-thread runs (small graphs are op-overhead
-    bound, large ones compute bound)."""
+    least ``openvino_min_mb`` (default 100) MB with its external data; elsewhere ONNX Runtime
+    on ``onnx_file`` with the configured ``parallel_runs``. Any other ``runtime`` is returned
+    unchanged. Measured on an AMX Xeon (docs/benchmarks.md): the SD-1.5-shaped UNet (3.4 GB)
+    runs 3.28x ORT fp32 on OpenVINO bf16 against 1.29x on ORT INT8; the 24 MB faces UNet costs
+    10% more CPU per image on OpenVINO than on ORT INT8 in two 1-thread runs (small graphs are
+    op-overhead bound, large ones compute bound)."""
     if params.get("runtime", "").strip().lower() != AUTO:
         return params
     file = params.get("openvino_file", "model.onnx")
@@ -63,7 +64,7 @@ def resolve_auto(
         raise ModelLoadError(
             f"openvino_min_mb must be a number of megabytes, got {params['openvino_min_mb']!r}"
         ) from None
-    large = path.is_file() and path.stat().st_size >= min_mb * 1e6
+    large = path.is_file() and weight_bytes(path) >= min_mb * 1e6  # external data counted
     if large and (native_bf16() if bf16 is None else bf16):
         return {**params, "runtime": "openvino", "onnx_file": file, "parallel_runs": "1"}
     return {**params, "runtime": "onnxruntime"}

@@ -121,6 +121,8 @@ def test_runtime_auto_picks_openvino_for_a_large_graph_where_bf16_is_native(tmp_
     (tmp_path / "model.fp16.onnx").write_bytes(b"0" * 2000)
     other = resolve_auto({**params, "openvino_file": "model.fp16.onnx"}, tmp_path, bf16=True)
     assert other["onnx_file"] == "model.fp16.onnx"
+    (tmp_path / "model.onnx.data").write_bytes(b"0" * 2000)  # weights saved beside the graph
+    assert resolve_auto(small, tmp_path, bf16=True)["runtime"] == "openvino"
     pinned = {"runtime": "onnxruntime", "onnx_file": "model.int8.onnx"}
     assert resolve_auto(pinned, tmp_path, bf16=True) is pinned
     expected = "openvino" if native_bf16() else "onnxruntime"
