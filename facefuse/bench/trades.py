@@ -100,6 +100,12 @@ TRADES = (
     Trade("upper face split 0.2", UPPER_FACE_SOURCE | {"upper_face_split": "0.2"}),
     Trade("upper face split 0.3", UPPER_FACE_SOURCE | {"upper_face_split": "0.3"}),
     Trade("upper face split 0.45", UPPER_FACE_SOURCE | {"upper_face_split": "0.45"}),
+    Trade("upper face split 0.25", UPPER_FACE_SOURCE | {"upper_face_split": "0.25"}),
+    Trade(
+        "upper face split 0.3 + strength 0.6",
+        UPPER_FACE_SOURCE | {"upper_face_split": "0.3"},
+        request={"strength": 0.6},
+    ),
 )
 # what the server says it ran (INFO of the first response)
 SERVED_KEYS = ("variant", "scheduler", "steps_run", "unet_calls", "shallow_calls", "guidance")
