@@ -98,9 +98,9 @@ TRADES = (
     Trade("upper face split 0.1", UPPER_FACE_SOURCE | {"upper_face_split": "0.1"}),
     Trade("upper face split 0.15", UPPER_FACE_SOURCE | {"upper_face_split": "0.15"}),
     Trade("upper face split 0.2", UPPER_FACE_SOURCE | {"upper_face_split": "0.2"}),
+    Trade("upper face split 0.25", UPPER_FACE_SOURCE | {"upper_face_split": "0.25"}),
     Trade("upper face split 0.3", UPPER_FACE_SOURCE | {"upper_face_split": "0.3"}),
     Trade("upper face split 0.45", UPPER_FACE_SOURCE | {"upper_face_split": "0.45"}),
-    Trade("upper face split 0.25", UPPER_FACE_SOURCE | {"upper_face_split": "0.25"}),
     Trade(
         "upper face split 0.3 + strength 0.6",
         UPPER_FACE_SOURCE | {"upper_face_split": "0.3"},

@@ -34,14 +34,14 @@ from pathlib import Path
 import numpy as np
 
 from facefuse.core.errors import ModelLoadError
+from facefuse.runtime.openvino import AUTO
 
 log = logging.getLogger("facefuse.gpu")
 
 ONNX_RUNTIME = "onnxruntime"
 OPENVINO = "openvino"  # CPU, the exported ONNX graph (facefuse.runtime.openvino)
-# auto: OpenVINO bf16 for a large graph where the CPU computes bf16 natively, ONNX Runtime
+# AUTO: OpenVINO bf16 for a large graph where the CPU computes bf16 natively, ONNX Runtime
 # elsewhere (facefuse.runtime.openvino.resolve_auto)
-AUTO = "auto"
 RUNTIMES = (ONNX_RUNTIME, OPENVINO, AUTO, "torch-cuda", "torch-cpu")
 KINDS = ("unet", "vae_encoder", "vae_decoder", "text_encoder")
 DTYPES = ("float16", "float32", "bfloat16")

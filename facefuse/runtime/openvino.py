@@ -62,7 +62,8 @@ def resolve_auto(
         min_mb = float(params.get("openvino_min_mb", OPENVINO_MIN_MB))
     except ValueError:
         raise ModelLoadError(
-            f"openvino_min_mb must be a number of megabytes, got {params['openvino_min_mb']!r}"
+            f"{Path(version_dir).parent.name}: parameter openvino_min_mb must be a number of "
+            f"megabytes, got {params['openvino_min_mb']!r}"
         ) from None
     large = path.is_file() and weight_bytes(path) >= min_mb * 1e6  # external data counted
     if large and (native_bf16() if bf16 is None else bf16):

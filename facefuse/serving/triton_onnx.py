@@ -69,7 +69,6 @@ class OnnxTritonModel:
         config = json.loads(args["model_config"])
         self.name = config["name"]
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        runtime_of(params, self.name)  # an unknown runtime fails the load, naming it
         version_dir = Path(args["model_repository"]) / args["model_version"]
         # `runtime: auto`: OpenVINO bf16 on model.onnx for a large graph where the CPU computes
         # bf16 natively, ONNX Runtime on `onnx_file` elsewhere (runtime.openvino.resolve_auto)

@@ -343,26 +343,37 @@ def test_corrupt_or_missing_onnx_fails_start_with_a_log_line_naming_the_file(
     )
 
 
-def test_bad_pipeline_parameter_fails_the_load_with_a_line_naming_it(tiny_repository, tmp_path):
-    """A facefusion config.pbtxt with an unknown ``upper_face_pixels`` does not load, and the
-    server log names the parameter and the values it takes."""
+@pytest.mark.parametrize(
+    ("model", "key", "value", "expected"),
+    [
+        ("facefusion", "upper_face_pixels", "latent",
+         "pipeline parameter upper_face_pixels must be one of ('decoded', 'source')"),
+        ("facefusion", "upper_face_split", "1.5",
+         "pipeline parameter upper_face_split must be in [-1, 1], got 1.5"),
+        ("unet", "openvino_min_mb", "big",
+         "unet: parameter openvino_min_mb must be a number of megabytes, got 'big'"),
+    ],
+)  # fmt: skip
+def test_bad_model_parameter_fails_the_load_with_a_line_naming_it(
+    tiny_repository, tmp_path, model, key, value, expected
+):
+    """A config.pbtxt with a malformed parameter does not load, and the server log names the
+    parameter and what it takes."""
     from facefuse.export import configs
 
     repository = tmp_path / "model_repository"
-    shutil.copytree(tiny_repository / "facefusion", repository / "facefusion")
-    path = repository / "facefusion" / "config.pbtxt"
+    shutil.copytree(tiny_repository / model, repository / model)
+    path = repository / model / "config.pbtxt"
     config = configs.read(path)
-    configs.set_parameter(config, "upper_face_pixels", "latent")
+    configs.set_parameter(config, key, value)
     configs.write(config, path, generated_by="test_faults")
     log = tmp_path / "tritonserver.log"
     config = ServerConfig(repository=repository, ready_timeout_s=240)
     with pytest.raises(ServerError, match="exited with code"):
         LocalTritonServer(config, log_path=log).start()
     text = log_text(log)
-    assert "pipeline parameter upper_face_pixels must be one of ('decoded', 'source')" in text, (
-        text[-3000:]
-    )
-    assert "failed to load 'facefusion'" in text, text[-3000:]
+    assert expected in text, text[-3000:]
+    assert f"failed to load '{model}'" in text, text[-3000:]
 
 
 # ---------------------------------------------------------------- facefuse serve: access

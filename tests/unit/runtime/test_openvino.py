@@ -71,8 +71,8 @@ def test_missing_graph_bad_precision_and_unknown_runtime_are_load_errors(tmp_pat
 def test_local_stages_open_the_graphs_on_the_runtime_the_configs_name(tiny_repository, monkeypatch):
     """The shipped configs serve the VAEs on OpenVINO bf16 and the UNet on ``auto``
     (``served_runtimes`` reads and resolves them); ``local_stages`` opens each on its runtime,
-    the rest on ONNX Runtime, and the decoded
-    image stays within the precision gate's PSNR bar of ORT's."""
+    the rest on ONNX Runtime, and the decoded image stays within the precision gate's PSNR bar
+    of ORT's."""
     from facefuse.bench.e2e import served_runtimes
     from facefuse.diffusion.stages import local_stages
     from facefuse.runtime import sessions
@@ -127,7 +127,7 @@ def test_runtime_auto_picks_openvino_for_a_large_graph_where_bf16_is_native(tmp_
     assert resolve_auto(pinned, tmp_path, bf16=True) is pinned
     expected = "openvino" if native_bf16() else "onnxruntime"
     assert resolve_auto(params, tmp_path)["runtime"] == expected
-    with pytest.raises(ModelLoadError, match="openvino_min_mb must be a number"):
+    with pytest.raises(ModelLoadError, match=r"\w+: parameter openvino_min_mb must be a number"):
         resolve_auto({**params, "openvino_min_mb": "big"}, tmp_path)
 
 
