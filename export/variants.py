@@ -64,7 +64,8 @@ def naive_repository(source: str | Path, destination: str | Path) -> Path:
     """Write baseline B's repository at ``destination`` from an exported ``source``.
 
     Baseline B is what a naive deployment runs: no dynamic batching, one instance per model,
-    DDIM 50, the fp32 UNet at every step (no DeepCache), no prompt compression, no prefix
+    DDIM 50 img2img from seeded noise (no inversion: less UNet work than facefuse's default,
+    like baseline A), the fp32 UNet at every step (no DeepCache), no prompt compression, no prefix
     cache, every graph on ONNX Runtime (no OpenVINO), and each UNet call as one ONNX Runtime
     run on all threads (facefuse's row slices, ``parallel_runs``, are off)."""
     from facefuse.runtime.variants import DEEP_CACHE_MODELS
@@ -84,6 +85,8 @@ def naive_repository(source: str | Path, destination: str | Path) -> Path:
             set_parameter(config, "scheduler", "ddim")
             set_parameter(config, "deep_cache_interval", "1")
             set_parameter(config, "default_steps", "50")
+            if model.name == "facefusion":
+                set_parameter(config, "inversion", "false")
         if model.name == "prompt_optimizer":
             set_parameter(config, "compress", "false")
         if model.name == "unet":

@@ -30,6 +30,7 @@ import re
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from facefuse.bench.loadgen import LoadResult, run_closed_loop, tree_cpu_seconds
@@ -41,8 +42,18 @@ INSTRUCTION = (
     "Please make her smile and keep her short hair, soft studio lighting, highly detailed, "
     "ultra detailed, sharp focus, 8k, 4k, hd"
 )
-STRENGTH, GUIDANCE = 0.5, 7.5
+GUIDANCE = 7.5
 BASELINE_STEPS = 50
+
+
+@dataclass(frozen=True)
+class Job:
+    """The benchmark request: the photos and the STRENGTH every contender runs (facefuse's
+    served ``default_strength``, so the default configuration is what is measured)."""
+
+    source: bytes
+    target: bytes
+    strength: float
 
 
 def register(subparsers) -> None:
@@ -130,7 +141,7 @@ def unet_rows_and_execs(metrics_url: str) -> tuple[float, float]:
 # ---------------------------------------------------------------- contenders
 
 
-def remote_fusion(grpc_url: str, source: bytes, target: bytes, steps: int | None = None):
+def remote_fusion(grpc_url: str, job: Job, steps: int | None = None):
     """``call(index)``: the benchmark request through the server (a gRPC client per thread)."""
     from facefuse.client import Client
 
@@ -140,11 +151,11 @@ def remote_fusion(grpc_url: str, source: bytes, target: bytes, steps: int | None
         if not hasattr(clients, "client"):
             clients.client = Client(grpc_url, "grpc")
         clients.client.fuse(
-            source,
-            target,
+            job.source,
+            job.target,
             INSTRUCTION,
             steps=steps,
-            strength=STRENGTH,
+            strength=job.strength,
             guidance=GUIDANCE,
             seed=index,
         )
@@ -152,7 +163,7 @@ def remote_fusion(grpc_url: str, source: bytes, target: bytes, steps: int | None
     return call
 
 
-def local_fusion(pipeline, source: bytes, target: bytes):
+def local_fusion(pipeline, job: Job):
     """``call(index)``: the benchmark request on an in-process pipeline, one at a time."""
     from facefuse.diffusion.pipeline import params_from
 
@@ -160,19 +171,19 @@ def local_fusion(pipeline, source: bytes, target: bytes):
 
     def call(index: int) -> None:
         with lock:
-            params = params_from(pipeline.default_steps, STRENGTH, GUIDANCE, index)
-            pipeline.fuse_png(source, target, INSTRUCTION, params)
+            params = params_from(pipeline.default_steps, job.strength, GUIDANCE, index)
+            pipeline.fuse_png(job.source, job.target, INSTRUCTION, params)
 
     return call
 
 
-def run_server_contender(repository: Path, levels, counts, steps, source, target) -> dict:
+def run_server_contender(repository: Path, levels, counts, steps, job: Job) -> dict:
     from facefuse.serving.server import LocalTritonServer, ServerConfig
 
     out = {}
     log = repository.parent / f"{repository.name}-server.log"
     with LocalTritonServer(ServerConfig(repository=repository), log_path=log) as server:
-        call = remote_fusion(server.grpc_url, source, target, steps)
+        call = remote_fusion(server.grpc_url, job, steps)
         # Warm-up, not measured: one round at the highest concurrency, so that every pipeline
         # instance has served once and the composing models have seen their batch shapes
         # (first requests pay lazy loads and ORT allocations: ~1 s each on the tiny model).
@@ -189,7 +200,7 @@ def run_server_contender(repository: Path, levels, counts, steps, source, target
     return out
 
 
-def run_baseline_a(model: str, levels, counts, source, target) -> dict:
+def run_baseline_a(model: str, levels, counts, job: Job) -> dict:
     """A plain diffusers inpainting pipeline in-process, one request at a time (a lock).
 
     diffusers' inpainting pipeline takes only 4- or 9-channel UNets; for other latent spaces
@@ -227,8 +238,9 @@ def run_baseline_a(model: str, levels, counts, source, target) -> dict:
 
     def call(index: int) -> None:
         with lock:
-            target_rgb = decode_image(target, TARGET_IMAGE.name)
-            plan = prepare_fusion(decode_image(source, SOURCE_IMAGE.name), target_rgb, c.image_size)
+            target_rgb = decode_image(job.target, TARGET_IMAGE.name)
+            source_rgb = decode_image(job.source, SOURCE_IMAGE.name)
+            plan = prepare_fusion(source_rgb, target_rgb, c.image_size)
             image = Image.fromarray((plan.composite * 255).astype(np.uint8))
             inpaint_args = {}
             if inpaint:
@@ -238,7 +250,7 @@ def run_baseline_a(model: str, levels, counts, source, target) -> dict:
                 prompt=INSTRUCTION,
                 image=image,
                 **inpaint_args,
-                strength=STRENGTH,
+                strength=job.strength,
                 num_inference_steps=BASELINE_STEPS,
                 guidance_scale=GUIDANCE,
                 generator=torch.Generator().manual_seed(index),
@@ -308,9 +320,9 @@ def in_process_pipeline(repository: Path):
     return Pipeline(stages, manifest, **options_from_parameters(params))
 
 
-def run_in_process(repository: Path, levels, counts, source, target) -> dict:
+def run_in_process(repository: Path, levels, counts, job: Job) -> dict:
     """The optimised loop without a server: ORT sessions in this process."""
-    call = local_fusion(in_process_pipeline(repository), source, target)
+    call = local_fusion(in_process_pipeline(repository), job)
     call(0)
     return {
         level: _with_summary(run_closed_loop(call, level, count))
@@ -318,7 +330,7 @@ def run_in_process(repository: Path, levels, counts, source, target) -> dict:
     }
 
 
-def measure_overhead(repository: Path, pairs: int, warm_concurrency: int, source, target) -> dict:
+def measure_overhead(repository: Path, pairs: int, warm_concurrency: int, job: Job) -> dict:
     """Triton's cost per request: the same request through the server and in-process, in
     alternation at concurrency 1, so that the machine's noise hits both sides alike.
 
@@ -329,10 +341,10 @@ def measure_overhead(repository: Path, pairs: int, warm_concurrency: int, source
 
     from facefuse.serving.server import LocalTritonServer, ServerConfig
 
-    local = local_fusion(in_process_pipeline(repository), source, target)
+    local = local_fusion(in_process_pipeline(repository), job)
     log = repository.parent / f"{repository.name}-overhead-server.log"
     with LocalTritonServer(ServerConfig(repository=repository), log_path=log) as server:
-        remote = remote_fusion(server.grpc_url, source, target)
+        remote = remote_fusion(server.grpc_url, job)
         # warm-up as for the facefuse contender: every pipeline instance serves once
         run_closed_loop(remote, warm_concurrency, warm_concurrency)
         local(0)
@@ -457,27 +469,26 @@ def write_chart(results: dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def run_round(model, repositories: dict[str, Path], chosen, levels, counts, inputs, started):
+def run_round(model, repositories: dict[str, Path], chosen, levels, counts, job: Job, started):
     """Every chosen contender once, in turn: (results by contender, paired overhead or None).
 
     ``repositories``: "facefuse" and, when baseline B runs, "baseline-b" (written once per
-    command, not per round); ``inputs``: the (source, target) photos."""
-    source, target = inputs
+    command, not per round)."""
     repository = repositories["facefuse"]
     results: dict[str, dict] = {}
     overhead = None
     for name in chosen:
         print(f"[{time.perf_counter() - started:6.0f} s] running {name} ...", flush=True)
         if name == "baseline-a":
-            runs = run_baseline_a(model, levels, counts, source, target)
+            runs = run_baseline_a(model, levels, counts, job)
         elif name == "baseline-b":
             naive = repositories["baseline-b"]
-            runs = run_server_contender(naive, levels, counts, BASELINE_STEPS, source, target)
+            runs = run_server_contender(naive, levels, counts, BASELINE_STEPS, job)
         elif name == "facefuse":
-            runs = run_server_contender(repository, levels, counts, None, source, target)
+            runs = run_server_contender(repository, levels, counts, None, job)
         else:
-            runs = run_in_process(repository, [1], [counts[0]], source, target)
-            overhead = measure_overhead(repository, counts[0] + 2, max(levels), source, target)
+            runs = run_in_process(repository, [1], [counts[0]], job)
+            overhead = measure_overhead(repository, counts[0] + 2, max(levels), job)
             print(json.dumps({"overhead (paired)": overhead}, indent=1), flush=True)
         results[name] = {str(level): summary for level, (_, summary) in runs.items()}
         print(json.dumps(results[name], indent=1), flush=True)
@@ -503,13 +514,16 @@ def run(args: argparse.Namespace) -> int:
     repositories = {"facefuse": repository}
     if "baseline-b" in chosen:
         repositories["baseline-b"] = naive_repository(repository, repository.parent / "naive")
-    inputs = sample_pair()
+    from facefuse.diffusion.pipeline import options_from_parameters
+
+    strength = options_from_parameters(served_parameters(repository, "facefusion"))
+    job = Job(*sample_pair(), strength=strength["default_strength"])
     rounds = []
     for number in range(1, args.rounds + 1):
         if args.rounds > 1:
             print(f"[{time.perf_counter() - started:6.0f} s] round {number} of {args.rounds}")
         results, overhead = run_round(
-            args.model, repositories, chosen, levels, counts, inputs, started
+            args.model, repositories, chosen, levels, counts, job, started
         )
         rounds.append(
             {"results": results, "overhead_paired": overhead, "ratios": ratios(results, overhead)}
@@ -518,7 +532,7 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "model": str(args.model),
         "instruction": INSTRUCTION,
-        "strength": STRENGTH,
+        "strength": job.strength,
         "guidance": GUIDANCE,
         "rounds_run": args.rounds,
         "results": results,

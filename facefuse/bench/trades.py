@@ -35,6 +35,13 @@ class Trade:
 
 
 UPPER_FACE_SOURCE = {"upper_face_strength": "0", "upper_face_pixels": "source"}
+# The default of 9d4b1c5 (seeded noise, DPM++, strength 0.5, upper face held down to 0.25): the
+# trades on it name it in full, so that they run the same on later defaults.
+NOISE = {"scheduler": "dpm++", "inversion": "false", "default_strength": "0.5"}
+SPLIT = UPPER_FACE_SOURCE | {"upper_face_split": "0.25"} | NOISE
+INVERSION = {"scheduler": "ddim", "inversion": "true"}
+
+
 TRADES = (
     Trade("base"),
     Trade(
@@ -106,11 +113,70 @@ TRADES = (
         UPPER_FACE_SOURCE | {"upper_face_split": "0.3"},
         request={"strength": 0.6},
     ),
+    # on the default of 9d4b1c5 (SPLIT): what is left of the distance to A
+    Trade("split 0.25 + strength 0.05", SPLIT, request={"strength": 0.05}),
+    Trade("split 0.25 + strength 0.4", SPLIT, request={"strength": 0.4}),
+    Trade("split 0.25 + steps 20", SPLIT, request={"steps": 20}),
+    Trade("split 0.25 + guidance 10", SPLIT, request={"guidance": 10.0}),
+    Trade("split 0.25 + autoencoder residual", SPLIT | {"autoencoder_residual": "true"}),
+    # a lower split (more of A's mouth kept) with a stronger pull toward the instruction
+    *(
+        Trade(
+            f"split {split} + guidance {guidance:g}",
+            SPLIT | {"upper_face_split": str(split)},
+            request={"guidance": guidance},
+        )
+        for split, guidance in (
+            (0.25, 15.0),
+            (0.35, 10.0),
+            (0.35, 15.0),
+            (0.45, 10.0),
+            (0.45, 15.0),
+        )
+    ),
+    # DDIM inversion (DiffEdit): start from the composite's own noise, not seeded noise
+    Trade("split 0.25 + ddim", SPLIT | {"scheduler": "ddim"}),
+    Trade("split 0.25 + ddim inversion", SPLIT | INVERSION),
+    Trade("split 0.25 + ddim inversion + steps 20", SPLIT | INVERSION, request={"steps": 20}),
+    Trade(
+        "split 0.25 + ddim inversion + strength 0.7", SPLIT | INVERSION, request={"strength": 0.7}
+    ),
+    Trade("split 0 + ddim inversion", SPLIT | INVERSION | {"upper_face_split": "0"}),
+    Trade(
+        "split 0.25 + ddim inversion + strength 0.6", SPLIT | INVERSION, request={"strength": 0.6}
+    ),
+    Trade(
+        "split 0.25 + ddim inversion + strength 0.8", SPLIT | INVERSION, request={"strength": 0.8}
+    ),
+    Trade(
+        "split 0 + ddim inversion + strength 0.7",
+        SPLIT | INVERSION | {"upper_face_split": "0"},
+        request={"strength": 0.7},
+    ),
+    Trade(
+        "split 0.25 + ddim inversion + strength 0.7 + guidance 10",
+        SPLIT | INVERSION,
+        request={"strength": 0.7, "guidance": 10.0},
+    ),
+    # on the shipped default (inverted, DDIM, strength 0.7, split 0.25)
+    Trade("previous default (dpm++ from noise at 0.5)", SPLIT),
+    *(Trade(f"inverted + strength {v}", request={"strength": v}) for v in (0.5, 0.6, 0.8)),
+    Trade("inverted + split 0", {"upper_face_split": "0"}),
+    Trade("inverted + whole face", {"upper_face_strength": "1"}),
+    Trade("inverted + guidance 10", request={"guidance": 10.0}),
+    Trade("inverted + steps 20", request={"steps": 20}),
+    Trade(
+        "inverted + fp32 unet",
+        {"precision": "fp32"},
+        unet={"onnx_file": "model.onnx", "runtime": "onnxruntime"},
+    ),
+    Trade("inverted + deepcache 2", {"deep_cache_interval": "2"}),
 )
 # what the server says it ran (INFO of the first response)
 SERVED_KEYS = ("variant", "scheduler", "steps_run", "unet_calls", "shallow_calls", "guidance")
 SERVED_KEYS += ("strength", "cfg_truncation", "upper_face_strength", "upper_face_pixels")
 SERVED_KEYS += ("deep_cache_interval", "autoencoder_residual", "upper_face_split")
+SERVED_KEYS += ("inversion",)
 FORMATS = {"face found": ".0%", "nearer A": ".0%", "smile wider": ".0%", "median d(A)": ".3f"}
 FORMATS |= {"smile/neutral": ".3f", "PSNR out min": ".1f"}
 COLUMNS = ("face found", "nearer A", "median d(A)", "smile wider", "smile/neutral", "PSNR out min")

@@ -87,6 +87,10 @@ class LoopRequest:
     # DeepCache: the whole UNet every N steps, its shallow layers on cached deep features
     # between (N = 1: the plain UNet at every step; N > 1 needs ``denoise(deep_cache=...)``)
     deep_cache_interval: int = 1
+    # DDIM inversion (DiffEdit): img2img starts from the init latents inverted to the first
+    # step's noise level with the unconditional context, not from seeded noise, and the held
+    # latents follow that inverted path; needs a DDIMScheduler. Costs one UNet row per kept step.
+    invert: bool = False
     # checked before every step; True stops the loop with DenoiseCancelled (in Triton:
     # ``request.is_cancelled``), so a cancelled request frees its slot at the next step
     should_stop: Callable[[], bool] | None = None
@@ -121,6 +125,10 @@ def denoise(
         raise ValueError(f"deep_cache_interval must be >= 1, got {r.deep_cache_interval}")
     if r.deep_cache_interval > 1 and deep_cache is None:
         raise ValueError("deep_cache_interval > 1 needs the DeepCache pair (unet_deep/shallow)")
+    if r.invert and r.init_latents is None:
+        raise ValueError("invert needs init_latents (img2img)")
+    if r.invert and type(scheduler).__name__ != "DDIMScheduler":
+        raise ValueError(f"invert needs the ddim scheduler, got {type(scheduler).__name__}")
     shape = r.init_latents.shape if r.init_latents is not None else r.latent_shape
     noise = torch.from_numpy(initial_noise(r.seed, (1, *shape)))
     scheduler.set_timesteps(r.steps)
@@ -146,6 +154,12 @@ def denoise(
     context_cond = context_both[:1]
     guided_steps = len(timesteps) - int(len(timesteps) * r.cfg_truncation)
     calls = rows = shallow_calls = 0
+    path = None  # the inverted latents, path[k] at the noise level of timesteps[-1 - k]
+    if r.invert:
+        full = unet if r.deep_cache_interval == 1 else (lambda *a: deep_cache.deep(*a)[0])
+        path = invert(full, scheduler, known, len(timesteps), context_both[1:], r.should_stop)
+        latents = path[-1]
+        calls = rows = len(path)
     cached = None  # DeepCache's deep features of the last full step, [rows, C, h, w]
 
     def predict(i: int, sample: np.ndarray, times: np.ndarray, context: np.ndarray):
@@ -177,7 +191,11 @@ def denoise(
         latents = scheduler.step(torch.from_numpy(noise_pred[None]), t, latents).prev_sample
         if known is not None and mask is not None:
             if i < len(timesteps) - 1:
-                proper = scheduler.add_noise(known, noise, timesteps[i + 1 : i + 2])
+                proper = (
+                    path[len(timesteps) - 2 - i]
+                    if path is not None
+                    else scheduler.add_noise(known, noise, timesteps[i + 1 : i + 2])
+                )
             else:
                 proper = known
             step_mask = mask
@@ -187,3 +205,24 @@ def denoise(
             latents = (1 - step_mask) * proper + step_mask * latents
     out = latents[0].numpy().astype(np.float32)
     return LoopResult(out, len(timesteps), calls, rows, shallow_calls)
+
+
+def invert(unet: UnetFn, scheduler, known, kept: int, context: np.ndarray, should_stop=None):
+    """DDIM inversion of the clean latents ``known`` [1, C, h, w] over the last ``kept`` of the
+    forward ``scheduler``'s timesteps (diffusers' ``DDIMInverseScheduler`` on the same config):
+    returns ``kept`` latents, the k-th at the noise level of the k-th smallest forward timestep,
+    so the last one is where the forward run starts. ``context`` [1, S, D]."""
+    import torch
+    from diffusers import DDIMInverseScheduler
+
+    inverse = DDIMInverseScheduler.from_config(scheduler.config)
+    inverse.set_timesteps(scheduler.num_inference_steps)
+    latents, path = known, []
+    for t in inverse.timesteps[:kept]:
+        if should_stop is not None and should_stop():
+            raise DenoiseCancelled(0, kept)
+        times = np.full((1,), float(t), dtype=np.float32)
+        pred = unet(inverse.scale_model_input(latents, t).numpy(), times, context)
+        latents = inverse.step(torch.from_numpy(pred[:1]), t, latents).prev_sample
+        path.append(latents)
+    return path

@@ -94,6 +94,12 @@ def options_from_parameters(params: dict[str, str]) -> dict:
             f"pipeline parameter default_steps must be in {limits.min_steps}..{limits.max_steps}, "
             f"got {default_steps}"
         )
+    default_strength = number("default_strength", float, str(DEFAULT_STRENGTH))
+    if not limits.min_strength <= default_strength <= limits.max_strength:
+        raise ValueError(
+            f"pipeline parameter default_strength must be in [{limits.min_strength}, "
+            f"{limits.max_strength}], got {default_strength}"
+        )
     cfg_truncation = number("cfg_truncation", float, "0")
     upper_face_strength = number("upper_face_strength", float, "1")
     upper_face_split = number("upper_face_split", float, "0")
@@ -102,11 +108,12 @@ def options_from_parameters(params: dict[str, str]) -> dict:
             f"pipeline parameter upper_face_split must be in [-1, 1], got {upper_face_split}"
         )
     upper_face_pixels = params.get("upper_face_pixels", "decoded")
-    residual = params.get("autoencoder_residual", "false").lower()
-    if residual not in ("true", "false"):
-        raise ValueError(
-            f"pipeline parameter autoencoder_residual must be true or false, got {residual!r}"
-        )
+    residual, inversion = (
+        params.get(k, "false").lower() for k in ("autoencoder_residual", "inversion")
+    )
+    for key, value in (("autoencoder_residual", residual), ("inversion", inversion)):
+        if value not in ("true", "false"):
+            raise ValueError(f"pipeline parameter {key} must be true or false, got {value!r}")
     if interval < 1:
         raise ValueError(f"pipeline parameter deep_cache_interval must be >= 1, got {interval}")
     if upper_face_pixels not in UPPER_FACE_PIXELS:
@@ -122,8 +129,10 @@ def options_from_parameters(params: dict[str, str]) -> dict:
         "upper_face_pixels": upper_face_pixels,
         "upper_face_split": upper_face_split,
         "autoencoder_residual": residual == "true",
+        "inversion": inversion == "true",
         "deep_cache_interval": interval,
         "default_steps": default_steps,
+        "default_strength": default_strength,
     }
 
 
@@ -198,9 +207,11 @@ class Pipeline:
         default_steps: int = DEFAULT_STEPS,
         autoencoder_residual: bool = False,
         upper_face_split: float = 0.0,
+        inversion: bool = False,
+        default_strength: float = DEFAULT_STRENGTH,
     ):
-        """``default_steps``: the STEPS of a request that names none (the served
-        ``default_steps`` parameter; the caller fills it in, e.g. :meth:`params`).
+        """``default_steps`` / ``default_strength``: the STEPS / STRENGTH of a request that
+        names none (the served parameters of those names; the caller fills them in).
         ``adaptive_steps``: fusion requests that give no STEPS (``fuse(..., auto_steps=
         True)``) get 15..30 steps from the face's complexity (:mod:`.adaptive`).
         ``cfg_truncation``: skip the unconditional half for this last fraction of steps.
@@ -217,6 +228,8 @@ class Pipeline:
         ``autoencoder_residual``: add back what the autoencoder's round trip loses on the
         composite, ``composite - decode(encode(composite))`` (one more decoder call), so the
         output is the composite plus what diffusion changed (:func:`add_roundtrip_residual`).
+        ``inversion``: fusion starts from the composite's DDIM inversion instead of seeded noise
+        (:func:`~facefuse.diffusion.loop.invert`, DiffEdit); needs ``scheduler="ddim"``.
         ``deep_cache_interval``: N > 1 runs DeepCache (the whole UNet every N steps, its
         shallow layers between; ``stages.deep_cache`` must be given)."""
         if not 0.0 <= cfg_truncation <= 1.0:
@@ -236,16 +249,25 @@ class Pipeline:
                 f"default_steps must be in {DEFAULT_LIMITS.min_steps}..{DEFAULT_LIMITS.max_steps}, "
                 f"got {default_steps}"
             )
+        if inversion and scheduler != "ddim":
+            raise ValueError(f"inversion needs the ddim scheduler, got {scheduler!r}")
+        if not DEFAULT_LIMITS.min_strength <= default_strength <= DEFAULT_LIMITS.max_strength:
+            raise ValueError(
+                f"default_strength must be in [{DEFAULT_LIMITS.min_strength}, "
+                f"{DEFAULT_LIMITS.max_strength}], got {default_strength}"
+            )
         if deep_cache_interval > 1 and stages.deep_cache is None:
             raise ValueError(
                 f"deep_cache_interval {deep_cache_interval} needs the unet_deep/unet_shallow models"
             )
         self.deep_cache_interval = deep_cache_interval
         self.default_steps = int(default_steps)
+        self.default_strength = float(default_strength)
         self.upper_face_strength = upper_face_strength
         self.upper_face_pixels = upper_face_pixels
         self.upper_face_split = float(upper_face_split)
         self.autoencoder_residual = bool(autoencoder_residual)
+        self.inversion = bool(inversion)
         self.stages = stages
         self.manifest = manifest
         self.scheduler_name = scheduler
@@ -317,6 +339,7 @@ class Pipeline:
             strength_map=strength_map,
             cfg_truncation=self.cfg_truncation,
             deep_cache_interval=self.deep_cache_interval,
+            invert=self.inversion,
             should_stop=should_stop,
         )
         result = self._denoise(timer, request)
@@ -395,6 +418,7 @@ class Pipeline:
             "upper_face_pixels": self.upper_face_pixels,
             "upper_face_split": self.upper_face_split,
             "autoencoder_residual": self.autoencoder_residual,
+            "inversion": self.inversion,
             "variant": self.variant,
             "model_id": self.manifest.model_id,
         }

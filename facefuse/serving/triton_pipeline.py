@@ -91,8 +91,8 @@ class PipelineTritonModel:
         return self.handle(request)
 
     def params(self, request, with_strength: bool = True):
-        """Optional STEPS/STRENGTH/GUIDANCE/SEED with defaults (STEPS: the ``default_steps``
-        parameter), validated together."""
+        """Optional STEPS/STRENGTH/GUIDANCE/SEED with defaults (STEPS and STRENGTH: the
+        ``default_steps`` and ``default_strength`` parameters), validated together."""
 
         def number(cast):
             def convert(value):
@@ -104,11 +104,12 @@ class PipelineTritonModel:
             return convert
 
         steps = get_scalar(request, STEPS.name, None, number(int))
+        strength = (
+            get_scalar(request, STRENGTH.name, None, number(float)) if with_strength else None
+        )
         return params_from(
             steps=self.pipeline.default_steps if steps is None else steps,
-            strength=get_scalar(request, STRENGTH.name, None, number(float))
-            if with_strength
-            else None,
+            strength=self.pipeline.default_strength if strength is None else strength,
             guidance=get_scalar(request, GUIDANCE.name, None, number(float)),
             seed=get_scalar(request, SEED.name, None, number(int)),
         )

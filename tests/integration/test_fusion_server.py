@@ -83,14 +83,15 @@ def test_fuse_over_http_is_deterministic_and_matches_grpc(server, sample_images)
     with Client(server.grpc_url, "grpc") as client:
         third = client.fuse(source, target, INSTRUCTION, **FAST)
     assert first.png == second.png == third.png
+    # the shipped default starts from the composite's DDIM inversion: SEED draws no noise
     with Client(server.http_url, "http") as client:
         other_seed = client.fuse(source, target, INSTRUCTION, **{**FAST, "seed": 8})
-    assert other_seed.png != first.png
+    assert other_seed.info["inversion"] is True and other_seed.png == first.png
 
 
 def test_a_request_without_steps_runs_the_served_default_steps(server, sample_images):
-    """``default_steps`` in facefusion's config (10 as shipped) fills an absent STEPS;
-    txt2img's config names none and keeps 20."""
+    """``default_steps`` and ``default_strength`` in facefusion's config fill an absent STEPS
+    and STRENGTH; txt2img's config names neither and keeps 20 steps."""
     from facefuse.export.configs import get_parameter, read
 
     shipped = read(Path(__file__).resolve().parents[2] / "model_repository/facefusion/config.pbtxt")
@@ -100,6 +101,11 @@ def test_a_request_without_steps_runs_the_served_default_steps(server, sample_im
         result = client.fuse(source, target, INSTRUCTION, strength=0.5, seed=7)
     assert default != 20 and result.info["steps"] == default
     assert result.info["steps_run"] == default // 2
+    strength = float(get_parameter(shipped, "default_strength"))
+    with Client(server.grpc_url, "grpc") as client:
+        result = client.fuse(source, target, INSTRUCTION, seed=7)
+    assert strength != 0.5 and result.info["strength"] == strength
+    assert result.info["steps_run"] == round(default * strength)
 
 
 def test_txt2img_over_http(server):

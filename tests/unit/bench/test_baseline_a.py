@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from facefuse.bench.e2e import run_baseline_a
+from facefuse.bench.e2e import Job, run_baseline_a
 from facefuse.core.samples import sample_pair
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny", "faces"])
 def test_baseline_a_answers_every_request(model):
-    source, target = sample_pair()
-    results = run_baseline_a(model, [1], [1], source, target)
+    results = run_baseline_a(model, [1], [1], Job(*sample_pair(), strength=0.5))
     _, summary = results[1]
     assert summary["failures"] == 0 and summary["requests"] == 1, summary

@@ -125,6 +125,21 @@ def test_default_steps_is_parsed_kept_and_checked():
         Pipeline(None, None, default_steps=0)
 
 
+def test_default_strength_is_parsed_kept_and_checked():
+    """The served ``default_strength``: what a request without STRENGTH runs; outside the
+    request limits it fails the load with a line naming the parameter."""
+    from facefuse.diffusion.pipeline import DEFAULT_STRENGTH, Pipeline, options_from_parameters
+
+    assert options_from_parameters({})["default_strength"] == DEFAULT_STRENGTH
+    options = options_from_parameters({"default_strength": "0.7"})
+    assert _pipeline(_textured(64, 0.4), [], **options).default_strength == 0.7
+    for bad in ("0.01", "1.5", "most"):
+        with pytest.raises(ValueError, match="pipeline parameter default_strength"):
+            options_from_parameters({"default_strength": bad})
+    with pytest.raises(ValueError, match=r"default_strength must be in \[0.05, 1.0\]"):
+        Pipeline(None, None, default_strength=0.0)
+
+
 def test_autoencoder_residual_returns_the_composite_where_nothing_was_regenerated():
     """With the stand-in decoder (every latent decodes to mid-grey) the round trip loses the
     whole composite; the residual gives it back inside the mask, with one more decoder call."""

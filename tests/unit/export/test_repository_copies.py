@@ -66,6 +66,10 @@ def test_naive_copy_is_baseline_b_fp32_ddim_no_compression_no_cache(tmp_path):
     assert not config("unet").HasField("dynamic_batching")
     assert get_parameter(config("facefusion"), "scheduler") == "ddim"
     assert get_parameter(config("facefusion"), "default_steps") == "50"
+    # facefuse's default inverts the composite (DDIM inversion); B is plain img2img
+    shipped = parse((source / "facefusion" / "config.pbtxt").read_text())
+    assert get_parameter(shipped, "inversion") == "true"
+    assert get_parameter(config("facefusion"), "inversion") == "false"
     assert get_parameter(config("prompt_optimizer"), "compress") == "false"
     assert get_parameter(config("text_encoder"), "cache_budget_bytes") == "0"
     # facefuse serves the VAEs on OpenVINO; B runs every graph on ONNX Runtime
