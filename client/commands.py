@@ -31,7 +31,7 @@ def _common(parser: argparse.ArgumentParser, with_strength: bool) -> None:
             "--strength",
             type=float,
             default=None,
-            help="how much of the face is re-generated, 0.05..1 (server default_strength: 0.7)",
+            help="how much of the face is re-generated, 0.05..1 (server default_strength: 0.8)",
         )
     parser.add_argument(
         "--guidance",

@@ -37,9 +37,15 @@ class Trade:
 UPPER_FACE_SOURCE = {"upper_face_strength": "0", "upper_face_pixels": "source"}
 # The default of 9d4b1c5 (seeded noise, DPM++, strength 0.5, upper face held down to 0.25): the
 # trades on it name it in full, so that they run the same on later defaults.
-NOISE = {"scheduler": "dpm++", "inversion": "false", "default_strength": "0.5"}
+NOISE = {
+    "scheduler": "dpm++",
+    "inversion": "false",
+    "default_steps": "10",
+    "default_strength": "0.5",
+}
 SPLIT = UPPER_FACE_SOURCE | {"upper_face_split": "0.25"} | NOISE
 INVERSION = {"scheduler": "ddim", "inversion": "true"}
+INVERTED = SPLIT | INVERSION | {"default_strength": "0.7"}  # inverted, 10 steps at 0.7
 
 
 TRADES = (
@@ -158,19 +164,34 @@ TRADES = (
         SPLIT | INVERSION,
         request={"strength": 0.7, "guidance": 10.0},
     ),
-    # on the shipped default (inverted, DDIM, strength 0.7, split 0.25)
+    # inverted, 10 steps at 0.7 (INVERTED), and one change at a time
+    Trade("inverted 10 steps at 0.7", INVERTED),
     Trade("previous default (dpm++ from noise at 0.5)", SPLIT),
-    *(Trade(f"inverted + strength {v}", request={"strength": v}) for v in (0.5, 0.6, 0.8)),
-    Trade("inverted + split 0", {"upper_face_split": "0"}),
-    Trade("inverted + whole face", {"upper_face_strength": "1"}),
-    Trade("inverted + guidance 10", request={"guidance": 10.0}),
-    Trade("inverted + steps 20", request={"steps": 20}),
+    *(
+        Trade(f"inverted + strength {v}", INVERTED, request={"strength": v})
+        for v in (0.5, 0.6, 0.8)
+    ),
+    Trade("inverted + split 0", INVERTED | {"upper_face_split": "0"}),
+    Trade("inverted + whole face", INVERTED | {"upper_face_strength": "1"}),
+    Trade("inverted + guidance 10", INVERTED, request={"guidance": 10.0}),
+    Trade("inverted + steps 20", INVERTED, request={"steps": 20}),
     Trade(
         "inverted + fp32 unet",
-        {"precision": "fp32"},
+        INVERTED | {"precision": "fp32"},
         unet={"onnx_file": "model.onnx", "runtime": "onnxruntime"},
     ),
-    Trade("inverted + deepcache 2", {"deep_cache_interval": "2"}),
+    Trade("inverted + deepcache 2", INVERTED | {"deep_cache_interval": "2"}),
+    # fewer UNet calls: start near the same noise level (t ~ 600) in fewer, longer steps; the
+    # shipped default is "inverted + steps 6 strength 0.8"
+    *(
+        Trade(f"inverted + steps {n} strength {v}", INVERTED, request={"steps": n, "strength": v})
+        for n, v in ((5, 0.8), (6, 0.8), (7, 0.7))
+    ),
+    Trade(
+        "inverted + steps 5 strength 0.8 + cfg truncation 0.25",
+        INVERTED | {"cfg_truncation": "0.25"},
+        request={"steps": 5, "strength": 0.8},
+    ),
 )
 # what the server says it ran (INFO of the first response)
 SERVED_KEYS = ("variant", "scheduler", "steps_run", "unet_calls", "shallow_calls", "guidance")

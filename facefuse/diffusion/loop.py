@@ -6,7 +6,9 @@ the same loop serves the Triton pipelines, the in-process benchmark and the test
 
 Invariants: the same inputs and seed give the same latents; with a latent mask, latents
 outside the mask equal the (noised, then clean at the last step) known latents after every
-step, exactly as diffusers' inpainting pipeline does for 4-channel UNets.
+step, exactly as diffusers' inpainting pipeline does for 4-channel UNets. With ``invert``
+(DiffEdit) "noised" means the known latents' own DDIM-inverted path at that step's noise
+level, the seed is not used, and the run starts from the end of that path.
 """
 
 from __future__ import annotations
@@ -127,8 +129,11 @@ def denoise(
         raise ValueError("deep_cache_interval > 1 needs the DeepCache pair (unet_deep/shallow)")
     if r.invert and r.init_latents is None:
         raise ValueError("invert needs init_latents (img2img)")
-    if r.invert and type(scheduler).__name__ != "DDIMScheduler":
-        raise ValueError(f"invert needs the ddim scheduler, got {type(scheduler).__name__}")
+    if r.invert:
+        from diffusers import DDIMScheduler
+
+        if not isinstance(scheduler, DDIMScheduler):
+            raise ValueError(f"invert needs the ddim scheduler, got {type(scheduler).__name__}")
     shape = r.init_latents.shape if r.init_latents is not None else r.latent_shape
     noise = torch.from_numpy(initial_noise(r.seed, (1, *shape)))
     scheduler.set_timesteps(r.steps)

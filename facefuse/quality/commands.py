@@ -38,6 +38,12 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="denoising steps")
     parser.add_argument("--scheduler", default="dpm++", choices=SCHEDULERS)
+    parser.add_argument(
+        "--inversion",
+        action="store_true",
+        help="start fusions from the composite's DDIM inversion, as the served default does "
+        "(needs --scheduler ddim)",
+    )
     parser.add_argument("--cases", type=int, default=0, help="run only the first N cases")
     parser.add_argument(
         "--cfg-truncation",
@@ -78,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInput("--batched-with", f"must be in 0..64 rows, got {args.batched_with}")
     if args.cases < 0:
         raise InvalidInput("--cases", f"must be >= 0, got {args.cases}")
+    if args.inversion and args.scheduler != "ddim":
+        raise InvalidInput("--inversion", f"needs --scheduler ddim, got {args.scheduler}")
     openvino = [m.strip() for m in args.candidate_openvino.split(",") if m.strip()]
     unknown = sorted(set(openvino) - set(ONNX_MODELS))
     if unknown:
@@ -93,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
     levers = f" (CFG truncated for the last {args.cfg_truncation:g})" if args.cfg_truncation else ""
+    if args.inversion:
+        levers += " (inverted)"
     if args.batched_with:
         levers += f" (batched with {args.batched_with} other rows)"
     if openvino:
@@ -111,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         candidate_cfg_truncation=args.cfg_truncation,
         candidate_batched_rows=args.batched_with,
         candidate_runtimes=runtimes,
+        inversion=args.inversion,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

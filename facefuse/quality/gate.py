@@ -188,6 +188,7 @@ def run_gate(
     candidate_cfg_truncation: float = 0.0,
     candidate_batched_rows: int = 0,
     candidate_runtimes: dict[str, tuple[str, str]] | None = None,
+    inversion: bool = False,
 ) -> GateReport:
     """Run ``cases`` (default :func:`fixed_cases`) through both variants and compare.
 
@@ -197,7 +198,9 @@ def run_gate(
     every candidate UNet call with that many other rows beside it (:func:`co_batched`), as
     under the served ``unet``'s dynamic batching (up to 8 rows: 6 beside a request's 2).
     ``candidate_runtimes`` runs the named candidate graphs on another runtime, e.g.
-    ``{"vae_decoder": ("openvino", "bf16")}`` (``local_stages``); the reference stays on ORT."""
+    ``{"vae_decoder": ("openvino", "bf16")}`` (``local_stages``); the reference stays on ORT.
+    ``inversion``: both sides start fusions from the composite's DDIM inversion (the served
+    default; needs ``scheduler="ddim"``), so the candidate's error enters twice per step."""
     from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
     from facefuse.diffusion.pipeline import Pipeline, params_from
     from facefuse.diffusion.stages import local_stages
@@ -215,8 +218,14 @@ def run_gate(
     faces = _memo(ref_stages.analyze_faces)
     recorders = (_Recorder(ref_stages, faces), _Recorder(cand_stages, faces))
     pipelines = [
-        Pipeline(recorders[0].stages, manifest, scheduler),
-        Pipeline(recorders[1].stages, manifest, scheduler, cfg_truncation=candidate_cfg_truncation),
+        Pipeline(recorders[0].stages, manifest, scheduler, inversion=inversion),
+        Pipeline(
+            recorders[1].stages,
+            manifest,
+            scheduler,
+            cfg_truncation=candidate_cfg_truncation,
+            inversion=inversion,
+        ),
     ]
     report = GateReport(
         reference,

@@ -88,6 +88,27 @@ def test_gate_prices_cfg_truncation_against_full_guidance(int8_repository):
     assert case.psnr_db < PSNR_CAP_DB
 
 
+def test_gate_runs_the_inverted_default_and_sees_the_candidate(int8_repository):
+    """With ``inversion`` both sides start from the composite's DDIM inversion: fp32 against
+    itself stays exact, INT8 differs (its error enters the inversion and the denoising)."""
+    from facefuse.quality.gate import fixed_cases, run_gate
+
+    case = fixed_cases()[:1]
+    same = run_gate(int8_repository, "fp32", "fp32", steps=4, scheduler="ddim", cases=case,
+                    inversion=True)  # fmt: skip
+    assert same.cases[0].psnr_db == PSNR_CAP_DB and same.cases[0].max_abs_latents == 0.0
+    int8 = run_gate(int8_repository, "fp32", "int8", steps=4, scheduler="ddim", cases=case,
+                    inversion=True)  # fmt: skip
+    assert 0.0 < int8.cases[0].max_abs_latents and int8.cases[0].psnr_db < PSNR_CAP_DB
+
+
+def test_gate_command_refuses_inversion_without_ddim(capsys):
+    from facefuse.cli import main
+
+    assert main(["quality", "--inversion"]) == 2
+    assert "--inversion: needs --scheduler ddim, got dpm++" in capsys.readouterr().err
+
+
 def test_gate_command_rejects_cfg_truncation_out_of_range(capsys):
     from facefuse.cli import main
 
