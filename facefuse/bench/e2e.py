@@ -516,8 +516,8 @@ def run(args: argparse.Namespace) -> int:
         repositories["baseline-b"] = naive_repository(repository, repository.parent / "naive")
     from facefuse.diffusion.pipeline import options_from_parameters
 
-    strength = options_from_parameters(served_parameters(repository, "facefusion"))
-    job = Job(*sample_pair(), strength=strength["default_strength"])
+    served = options_from_parameters(served_parameters(repository, "facefusion"))
+    job = Job(*sample_pair(), strength=served["default_strength"])
     rounds = []
     for number in range(1, args.rounds + 1):
         if args.rounds > 1:
