@@ -46,6 +46,7 @@ NOISE = {
 SPLIT = UPPER_FACE_SOURCE | {"upper_face_split": "0.25"} | NOISE
 INVERSION = {"scheduler": "ddim", "inversion": "true"}
 INVERTED = SPLIT | INVERSION | {"default_strength": "0.7"}  # inverted, 10 steps at 0.7
+SHIPPED = INVERTED | {"default_steps": "6", "default_strength": "0.8"}  # a366f0b's default
 
 
 TRADES = (
@@ -192,6 +193,11 @@ TRADES = (
         INVERTED | {"cfg_truncation": "0.25"},
         request={"steps": 5, "strength": 0.8},
     ),
+    # the shipped default (SHIPPED) and the remaining levers on it
+    Trade("inverted 6 steps at 0.8", SHIPPED),
+    Trade("inverted 6 at 0.8 + adaptive steps", SHIPPED | {"adaptive_steps": "true"}),
+    Trade("inverted 6 at 0.8 + feather 0.3", SHIPPED, analyzer={"feather": "0.3"}),
+    Trade("inverted 6 at 0.8 + cfg truncation 0.2", SHIPPED | {"cfg_truncation": "0.2"}),
 )
 # what the server says it ran (INFO of the first response)
 SERVED_KEYS = ("variant", "scheduler", "steps_run", "unet_calls", "shallow_calls", "guidance")
