@@ -127,11 +127,11 @@ def denoise(
         raise ValueError(f"deep_cache_interval must be >= 1, got {r.deep_cache_interval}")
     if r.deep_cache_interval > 1 and deep_cache is None:
         raise ValueError("deep_cache_interval > 1 needs the DeepCache pair (unet_deep/shallow)")
-    if r.invert and r.init_latents is None:
-        raise ValueError("invert needs init_latents (img2img)")
     if r.invert:
         from diffusers import DDIMScheduler
 
+        if r.init_latents is None:
+            raise ValueError("invert needs init_latents (img2img)")
         if not isinstance(scheduler, DDIMScheduler):
             raise ValueError(f"invert needs the ddim scheduler, got {type(scheduler).__name__}")
     shape = r.init_latents.shape if r.init_latents is not None else r.latent_shape

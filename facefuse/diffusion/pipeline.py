@@ -86,54 +86,60 @@ def options_from_parameters(params: dict[str, str]) -> dict:
         except ValueError:
             raise ValueError(f"pipeline parameter {key} must be a number, got {raw!r}") from None
 
-    interval = number("deep_cache_interval", int, "1")
-    default_steps = number("default_steps", int, str(DEFAULT_STEPS))
-    limits = DEFAULT_LIMITS
-    if not limits.min_steps <= default_steps <= limits.max_steps:
-        raise ValueError(
-            f"pipeline parameter default_steps must be in {limits.min_steps}..{limits.max_steps}, "
-            f"got {default_steps}"
-        )
-    default_strength = number("default_strength", float, str(DEFAULT_STRENGTH))
-    if not limits.min_strength <= default_strength <= limits.max_strength:
-        raise ValueError(
-            f"pipeline parameter default_strength must be in [{limits.min_strength}, "
-            f"{limits.max_strength}], got {default_strength}"
-        )
-    cfg_truncation = number("cfg_truncation", float, "0")
-    upper_face_strength = number("upper_face_strength", float, "1")
-    upper_face_split = number("upper_face_split", float, "0")
-    if not -1.0 <= upper_face_split <= 1.0:
-        raise ValueError(
-            f"pipeline parameter upper_face_split must be in [-1, 1], got {upper_face_split}"
-        )
-    upper_face_pixels = params.get("upper_face_pixels", "decoded")
     residual, inversion = (
         params.get(k, "false").lower() for k in ("autoencoder_residual", "inversion")
     )
     for key, value in (("autoencoder_residual", residual), ("inversion", inversion)):
         if value not in ("true", "false"):
             raise ValueError(f"pipeline parameter {key} must be true or false, got {value!r}")
-    if interval < 1:
-        raise ValueError(f"pipeline parameter deep_cache_interval must be >= 1, got {interval}")
-    if upper_face_pixels not in UPPER_FACE_PIXELS:
-        raise ValueError(
-            f"pipeline parameter upper_face_pixels must be one of {UPPER_FACE_PIXELS}, "
-            f"got {upper_face_pixels!r}"
-        )
-    return {
+    options = {
         "scheduler": params.get("scheduler", DEFAULT_SCHEDULER),
         "adaptive_steps": params.get("adaptive_steps", "false").lower() == "true",
-        "cfg_truncation": cfg_truncation,
-        "upper_face_strength": upper_face_strength,
-        "upper_face_pixels": upper_face_pixels,
-        "upper_face_split": upper_face_split,
+        "cfg_truncation": number("cfg_truncation", float, "0"),
+        "upper_face_strength": number("upper_face_strength", float, "1"),
+        "upper_face_pixels": params.get("upper_face_pixels", "decoded"),
+        "upper_face_split": number("upper_face_split", float, "0"),
         "autoencoder_residual": residual == "true",
         "inversion": inversion == "true",
-        "deep_cache_interval": interval,
-        "default_steps": default_steps,
-        "default_strength": default_strength,
+        "deep_cache_interval": number("deep_cache_interval", int, "1"),
+        "default_steps": number("default_steps", int, str(DEFAULT_STEPS)),
+        "default_strength": number("default_strength", float, str(DEFAULT_STRENGTH)),
     }
+    try:
+        check_options(options)
+    except ValueError as exc:
+        raise ValueError(f"pipeline parameter {exc}") from None
+    return options
+
+
+def check_options(options: dict) -> None:
+    """ValueError naming the first of :class:`Pipeline`'s options (by keyword) that is out of
+    range; the served parameters (:func:`options_from_parameters`, which prefixes "pipeline
+    parameter") and direct library callers (:class:`Pipeline`) go through this one check."""
+    limits = DEFAULT_LIMITS
+    ranges = {  # key: (low, high, how the range is written)
+        "cfg_truncation": (0.0, 1.0, "[0, 1]"),
+        "upper_face_strength": (0.0, 1.0, "[0, 1]"),
+        "upper_face_split": (-1.0, 1.0, "[-1, 1]"),
+        "default_steps": (
+            limits.min_steps,
+            limits.max_steps,
+            f"{limits.min_steps}..{limits.max_steps}",
+        ),
+        "default_strength": (
+            limits.min_strength,
+            limits.max_strength,
+            f"[{limits.min_strength}, {limits.max_strength}]",
+        ),
+    }
+    for key, (low, high, written) in ranges.items():
+        if key in options and not low <= options[key] <= high:
+            raise ValueError(f"{key} must be in {written}, got {options[key]}")
+    if options.get("deep_cache_interval", 1) < 1:
+        raise ValueError(f"deep_cache_interval must be >= 1, got {options['deep_cache_interval']}")
+    pixels = options.get("upper_face_pixels", UPPER_FACE_PIXELS[0])
+    if pixels not in UPPER_FACE_PIXELS:
+        raise ValueError(f"upper_face_pixels must be one of {UPPER_FACE_PIXELS}, got {pixels!r}")
 
 
 def to_nchw(image: np.ndarray) -> np.ndarray:
@@ -232,30 +238,19 @@ class Pipeline:
         (:func:`~facefuse.diffusion.loop.invert`, DiffEdit); needs ``scheduler="ddim"``.
         ``deep_cache_interval``: N > 1 runs DeepCache (the whole UNet every N steps, its
         shallow layers between; ``stages.deep_cache`` must be given)."""
-        if not 0.0 <= cfg_truncation <= 1.0:
-            raise ValueError(f"cfg_truncation must be in [0, 1], got {cfg_truncation}")
-        if not 0.0 <= upper_face_strength <= 1.0:
-            raise ValueError(f"upper_face_strength must be in [0, 1], got {upper_face_strength}")
-        if deep_cache_interval < 1:
-            raise ValueError(f"deep_cache_interval must be >= 1, got {deep_cache_interval}")
-        if not -1.0 <= upper_face_split <= 1.0:
-            raise ValueError(f"upper_face_split must be in [-1, 1], got {upper_face_split}")
-        if upper_face_pixels not in UPPER_FACE_PIXELS:
-            raise ValueError(
-                f"upper_face_pixels must be one of {UPPER_FACE_PIXELS}, got {upper_face_pixels!r}"
-            )
-        if not DEFAULT_LIMITS.min_steps <= default_steps <= DEFAULT_LIMITS.max_steps:
-            raise ValueError(
-                f"default_steps must be in {DEFAULT_LIMITS.min_steps}..{DEFAULT_LIMITS.max_steps}, "
-                f"got {default_steps}"
-            )
+        check_options(
+            {
+                "cfg_truncation": cfg_truncation,
+                "upper_face_strength": upper_face_strength,
+                "upper_face_pixels": upper_face_pixels,
+                "upper_face_split": upper_face_split,
+                "deep_cache_interval": deep_cache_interval,
+                "default_steps": default_steps,
+                "default_strength": default_strength,
+            }
+        )
         if inversion and scheduler != "ddim":
             raise ValueError(f"inversion needs the ddim scheduler, got {scheduler!r}")
-        if not DEFAULT_LIMITS.min_strength <= default_strength <= DEFAULT_LIMITS.max_strength:
-            raise ValueError(
-                f"default_strength must be in [{DEFAULT_LIMITS.min_strength}, "
-                f"{DEFAULT_LIMITS.max_strength}], got {default_strength}"
-            )
         if deep_cache_interval > 1 and stages.deep_cache is None:
             raise ValueError(
                 f"deep_cache_interval {deep_cache_interval} needs the unet_deep/unet_shallow models"
