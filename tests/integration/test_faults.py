@@ -350,6 +350,12 @@ def test_corrupt_or_missing_onnx_fails_start_with_a_log_line_naming_the_file(
          "pipeline parameter upper_face_pixels must be one of ('decoded', 'source')"),
         ("facefusion", "upper_face_split", "1.5",
          "pipeline parameter upper_face_split must be in [-1, 1], got 1.5"),
+        ("facefusion", "default_strength", "2",
+         "pipeline parameter default_strength must be in [0.05, 1.0], got 2.0"),
+        ("facefusion", "inversion", "yes",
+         "pipeline parameter inversion must be true or false, got 'yes'"),
+        ("facefusion", "scheduler", "dpm++",  # the shipped config inverts
+         "inversion needs the ddim scheduler, got 'dpm++'"),
         ("unet", "openvino_min_mb", "big",
          "unet: parameter openvino_min_mb must be a number of megabytes, got 'big'"),
     ],
