@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "facefuse.bench",  # bench ...
     "facefuse.quality.commands",  # quality
     "facefuse.bench.fusion_eval_commands",  # fusion-eval
+    "facefuse.bench.txt2img_eval_commands",  # txt2img-eval
     "facefuse.face.commands",  # face-eval
     "facefuse.train.commands",  # train
 )

@@ -155,7 +155,7 @@ def optimize(
         if item not in negative.split(", "):
             negative = f"{negative}, {item}" if negative else item
     warnings: list[str] = []
-    sent = f"{template.strip()}, {prompt}" if template.strip() else prompt
+    sent = with_template(template, prompt)
     prompt_ids = encode_chunks(tokenizer, sent, overflow, warnings)
     negative_ids = encode_chunks(tokenizer, negative, "chunk", [])
     if len(negative_ids) > len(prompt_ids):
@@ -179,6 +179,12 @@ def optimize(
         canonicalised=result.canonicalised,
         overflow=overflow,
     )
+
+
+def with_template(template: str, prompt: str) -> str:
+    """The text encoded for ``prompt`` under a deployment ``template`` ("" for none); training
+    captions are written the same way (:mod:`facefuse.train.loop`)."""
+    return f"{template.strip()}, {prompt}" if template.strip() else prompt
 
 
 def _verbatim(instruction: str, tokenizer, overflow: str, negative_prompt: str | None):

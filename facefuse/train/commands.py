@@ -45,6 +45,9 @@ def register(subparsers) -> None:
             parser.add_argument(
                 "--prediction", choices=PREDICTIONS, default=f.default, help="the UNet's target"
             )
+        elif f.type == "str":
+            flag = "--" + f.name.replace("_", "-")
+            parser.add_argument(flag, default=f.default, help=f"(default {f.default!r})")
     parser.set_defaults(func=run)
 
 
@@ -75,15 +78,17 @@ def run(args: argparse.Namespace) -> int:
     log(f"trained {state.step} steps in {state.seconds / 60:.1f} min")
     if args.out is not None:
         from facefuse.train.card import model_card
+        from facefuse.train.data import GREY
         from facefuse.train.folder import write_model_folder
 
         extra = {
             "config": config.as_dict(),
             "heldout_london_ids": arrays["heldout"].tolist(),
-            "photos": int(arrays["latents"].shape[0]),
+            "photos": int((arrays["datasets"] != GREY).sum()),
+            "grey_copies": int((arrays["datasets"] == GREY).sum()),
             "photos_without_face": arrays["skipped"].tolist(),
-            "latent_shift": float(arrays["shift"]),
-            "latent_scale": float(arrays["scale"]),
+            "latent_shift": trainer.shift,
+            "latent_scale": trainer.scale,
             "train_minutes": round(state.seconds / 60, 1),
             "final_loss": state.losses[-1][1] if state.losses else None,
             "losses": state.losses,

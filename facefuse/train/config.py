@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass
 from facefuse.core.errors import InvalidInput
 
 PREDICTIONS = ("epsilon", "v_prediction")
+# model_repository/prompt_optimizer's prompt_template (a unit test keeps the two equal)
+SERVED_TEMPLATE = "portrait photo, detailed face, natural skin texture, sharp focus"
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,19 @@ class TrainConfig:
     # training timesteps is drawn below focus_timestep, the rest over the whole schedule
     focus_timestep: int = 700
     focus_share: float = 0.75
+    # the served prompt_optimizer's prompt_template, put before this share of the captions
+    # ("TEMPLATE, caption", exactly as served), so the tower learns to read past the prefix
+    # that the text encoder's cache serves; the rest are trained bare
+    template: str = SERVED_TEMPLATE
+    template_share: float = 0.8
+    # share of captions of any set that start with a generic portrait word ("portrait photo",
+    # "headshot"), so those words are not tied to one (the smallest, messiest) set
+    generic_share: float = 0.3
+    # sampling weight of grey copies of the colour photos, captioned as black and white
+    # (0: none are made)
+    grey_share: float = 0.15
+    # a model folder to start from (its UNet, text tower and latent shift/scale), "" for scratch
+    init_from: str = ""
 
     def __post_init__(self):
         if self.size < 64 or self.size % 8:
@@ -51,6 +66,10 @@ class TrainConfig:
             )
         if not 1 <= self.focus_timestep <= 1000 or not 0.0 <= self.focus_share <= 1.0:
             raise InvalidInput("--focus-timestep/--focus-share", "must be within 1..1000 and 0..1")
+        for name in ("template_share", "generic_share", "grey_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                flag = "--" + name.replace("_", "-")
+                raise InvalidInput(flag, f"must be within 0..1, got {getattr(self, name)}")
 
     @property
     def latent_size(self) -> int:

@@ -58,10 +58,15 @@ DISTRACTORS = (
     "photo", "realistic", "keep glasses", "high quality",
 )  # fmt: skip
 
+# Generic words a user puts before any face prompt; added to captions of every set (not only
+# the portraits set's), so that they do not call up one set's look.
+GENERIC = ("portrait photo", "portrait", "headshot", "photo", "photo person", "face")
+
 # Which caption kind each dataset folder carries, and its sampling weight per epoch (the
-# London pairs are the only expression supervision, so they are drawn more often).
-LONDON, CONGRESS, PORTRAITS = "faces-london", "faces-congress", "faces"
-SAMPLING_WEIGHT = {LONDON: 0.4, CONGRESS: 0.3, PORTRAITS: 0.3}
+# London pairs are the only expression supervision, so they are drawn more often). GREY holds
+# grey copies of the colour photos, captioned "bw" like the congress portraits.
+LONDON, CONGRESS, PORTRAITS, GREY = "faces-london", "faces-congress", "faces", "grey"
+SAMPLING_WEIGHT = {LONDON: 0.4, CONGRESS: 0.25, PORTRAITS: 0.2, GREY: 0.15}
 
 
 @dataclass(frozen=True)
@@ -180,10 +185,21 @@ def _jitter_colour(rgb: np.ndarray, rng: np.random.Generator, grayscale: bool) -
     return out
 
 
-def caption(kind: str, rng: np.random.Generator, distractor_p: float = 0.3) -> str:
-    """A phrasing of ``kind``, sometimes with a distractor word before or after."""
+def grey(rgb: np.ndarray) -> np.ndarray:
+    """A colour crop as a black-and-white photo (Rec. 601 luma in all three channels)."""
+    luma = rgb @ np.array([0.299, 0.587, 0.114], np.float32)
+    return np.repeat(luma[..., None], 3, axis=2).astype(np.float32)
+
+
+def caption(
+    kind: str, rng: np.random.Generator, distractor_p: float = 0.3, generic_p: float = 0.0
+) -> str:
+    """A phrasing of ``kind``, sometimes after a generic word (``generic_p``) and sometimes with
+    a distractor word before or after; parts are comma-separated, as the optimizer writes them."""
     text = str(rng.choice(CAPTIONS[kind]))
+    if kind != "portrait" and rng.random() < generic_p:
+        text = f"{rng.choice(GENERIC)}, {text}"
     if rng.random() < distractor_p:
         word = str(rng.choice(DISTRACTORS))
-        text = f"{word} {text}" if rng.random() < 0.5 else f"{text} {word}"
+        text = f"{word}, {text}" if rng.random() < 0.5 else f"{text}, {word}"
     return text

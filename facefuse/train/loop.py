@@ -94,6 +94,14 @@ def prepare_latents(config: TrainConfig, data_root: Path, taef2_dir: Path, run: 
     rng = np.random.default_rng(config.seed)
     latents, kinds, datasets, skipped = [], [], [], []
     started = time.perf_counter()
+
+    def add(crops: list[np.ndarray], kind: str, dataset: str) -> None:
+        batch = torch.from_numpy(np.stack(crops)).permute(0, 3, 1, 2)
+        with torch.no_grad():
+            latents.append(vae.raw_encode(batch).numpy().astype(np.float16))
+        kinds.append(KINDS.index(kind))
+        datasets.append(dataset)
+
     for index, photo in enumerate(photos):
         item = data.locate(photo, config.size)
         if item is None:
@@ -101,11 +109,9 @@ def prepare_latents(config: TrainConfig, data_root: Path, taef2_dir: Path, run: 
             continue
         crops = [data.crop(item, config.size)]
         crops += [data.crop(item, config.size, rng) for _ in range(config.augmentations)]
-        batch = torch.from_numpy(np.stack(crops)).permute(0, 3, 1, 2)
-        with torch.no_grad():
-            latents.append(vae.raw_encode(batch).numpy().astype(np.float16))
-        kinds.append(KINDS.index(photo.kind))
-        datasets.append(photo.dataset)
+        add(crops, photo.kind, photo.dataset)
+        if config.grey_share > 0 and photo.kind != "bw":
+            add([data.grey(c) for c in crops], "bw", data.GREY)
         if index % 50 == 0:
             log(f"encoded {index + 1}/{len(photos)} photos ({time.perf_counter() - started:.0f} s)")
     if not latents:
@@ -132,7 +138,8 @@ def prepare_latents(config: TrainConfig, data_root: Path, taef2_dir: Path, run: 
 
 def _latent_key(config: TrainConfig) -> dict:
     return {"size": config.size, "seed": config.seed, "heldout": config.heldout,
-            "augmentations": config.augmentations}  # fmt: skip
+            "augmentations": config.augmentations,
+            "grey_copies": config.grey_share > 0}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- training
@@ -157,6 +164,9 @@ class Trainer:
         self.tokenizer = embedded_tokenizer()
         self.unet = build_unet(config).train()
         self.text_encoder = build_text_encoder(config).train()
+        self.shift, self.scale = float(arrays["shift"]), float(arrays["scale"])
+        if config.init_from:  # before the optimiser and EMA copy the parameters
+            self.shift, self.scale = warm_start(config, self.unet, self.text_encoder)
         params = list(self.unet.parameters()) + list(self.text_encoder.parameters())
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=1e-2)
         self.lr_schedule = get_cosine_schedule_with_warmup(
@@ -166,7 +176,6 @@ class Trainer:
         self.ema_text = EMAModel(self.text_encoder.parameters(), decay=config.ema_decay)
         self.noise = noise_scheduler(config)
         self.latents = torch.from_numpy(arrays["latents"].astype(np.float32))
-        self.shift, self.scale = float(arrays["shift"]), float(arrays["scale"])
         self.kinds = arrays["kinds"]
         weights = np.array([data.SAMPLING_WEIGHT[d] for d in arrays["datasets"]], np.float64)
         for dataset in set(arrays["datasets"].tolist()):
@@ -235,8 +244,11 @@ class Trainer:
         for photo in photos:
             if self.rng.random() < config.cond_dropout:
                 texts.append("" if self.rng.random() < 0.5 else DEFAULT_NEGATIVE)
-            else:
-                texts.append(data.caption(KINDS[self.kinds[photo]], self.rng))
+                continue
+            text = data.caption(KINDS[self.kinds[photo]], self.rng, generic_p=config.generic_share)
+            if config.template and self.rng.random() < config.template_share:
+                text = served_prompt(config.template, text)
+            texts.append(text)
         return latents, texts
 
     def _timesteps(self, n: int) -> torch.Tensor:
@@ -353,7 +365,8 @@ class Trainer:
         rows = []
         uncond = text(self._token_ids([DEFAULT_NEGATIVE])).last_hidden_state
         for prompt in SAMPLE_PROMPTS:
-            cond = text(self._token_ids([prompt])).last_hidden_state
+            cond = text(self._token_ids([served_prompt(self.config.template, prompt)]))
+            cond = cond.last_hidden_state
             context = torch.cat(
                 [uncond.expand(per_prompt, -1, -1), cond.expand(per_prompt, -1, -1)]
             )
@@ -369,6 +382,37 @@ class Trainer:
             rows.append(torch.cat(list(images), dim=2))
         grid = torch.cat(rows, dim=1).permute(1, 2, 0).numpy()
         return (grid * 255).round().astype(np.uint8)
+
+
+def served_prompt(template: str, prompt: str) -> str:
+    """The text the served prompt_optimizer encodes: ``template, prompt`` (or the prompt)."""
+    from facefuse.prompt.optimizer import with_template
+
+    return with_template(template, prompt)
+
+
+def warm_start(config: TrainConfig, unet, text_encoder) -> tuple[float, float]:
+    """Load ``config.init_from``'s UNet and text tower into the run's (same shapes, strict) and
+    return its latent (shift, scale), so the UNet keeps the latent space it was trained on."""
+    from safetensors.torch import load_file
+
+    folder = Path(config.init_from)
+    files = {
+        unet: folder / "unet" / "diffusion_pytorch_model.safetensors",
+        text_encoder: folder / "text_encoder" / "model.safetensors",
+    }
+    for model, path in files.items():
+        if not path.is_file():
+            raise InvalidInput("--init-from", f"{path}: missing (expected a faces model folder)")
+        weights = {k: v.float() for k, v in load_file(path).items()}
+        try:
+            model.load_state_dict(weights, strict=True)
+        except RuntimeError as exc:
+            raise InvalidInput(
+                "--init-from", f"{path}: weights of another shape than this run's ({exc})"
+            ) from exc
+    vae = json.loads((folder / "vae" / "config.json").read_text())
+    return float(vae["shift_factor"]), float(vae["scaling_factor"])
 
 
 def check_checkpoint_config(path: Path, saved: dict, current: dict) -> None:

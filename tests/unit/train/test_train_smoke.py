@@ -7,6 +7,7 @@ the shipped ``faces`` model, so it needs nothing from ../shared.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,78 @@ def test_focused_timesteps_fall_below_the_focus_and_the_rest_cover_the_schedule(
     spread = draw(0.5)
     assert 0.6 < (spread < 300).mean() < 0.7  # 0.5 + 0.5 * 0.3 expected
     assert spread.max() > 900
+
+
+def test_the_training_template_is_the_served_one():
+    """Captions are prefixed with the template the served prompt_optimizer puts before every
+    prompt; the two must not drift apart (the prefix cache serves that template)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from facefuse.train.config import SERVED_TEMPLATE
+
+    config = model_config_pb2.ModelConfig()
+    root = Path(__file__).resolve().parents[3]
+    text_format.Parse((root / "model_repository/prompt_optimizer/config.pbtxt").read_text(), config)
+    assert config.parameters["prompt_template"].string_value == SERVED_TEMPLATE
+
+
+def test_captions_are_comma_separated_and_generic_words_reach_every_set():
+    rng = np.random.default_rng(0)
+    texts = [data.caption("smiling", rng, generic_p=1.0, distractor_p=1.0) for _ in range(40)]
+    for text in texts:
+        parts = text.split(", ")
+        assert len(parts) == 3 and any("smil" in p for p in parts)
+        assert sum(p in data.GENERIC for p in parts[:2]) >= 1
+    assert all(data.caption("neutral", rng, generic_p=0.0, distractor_p=0.0) in
+               data.CAPTIONS["neutral"] for _ in range(20))  # fmt: skip
+
+
+def test_grey_copies_have_no_colour():
+    rng = np.random.default_rng(1)
+    colour = rng.random((8, 8, 3), dtype=np.float32)
+    grey = data.grey(colour)
+    assert grey.shape == colour.shape and grey.dtype == np.float32
+    assert np.allclose(grey[..., 0], grey[..., 1]) and np.allclose(grey[..., 1], grey[..., 2])
+    assert np.allclose(grey[..., 0], colour @ np.array([0.299, 0.587, 0.114], np.float32))
+
+
+@pytest.mark.parametrize("flag", ["--template-share", "--generic-share", "--grey-share"])
+def test_caption_shares_out_of_range_are_refused(tmp_path, capsys, flag):
+    root = _data_folder(tmp_path / "data")
+    args = ["train", "--data", str(root), "--taef2", str(TAEF2), "--run", str(tmp_path / "r")]
+    assert main([*args, *SMOKE, flag, "1.5"]) == 2
+    assert f"{flag}: must be within 0..1, got 1.5" in capsys.readouterr().err
+
+
+def test_warm_start_from_a_folder_of_another_shape_names_the_file(tmp_path, capsys):
+    root = _data_folder(tmp_path / "data")
+    args = ["train", "--data", str(root), "--taef2", str(TAEF2), "--run", str(tmp_path / "r")]
+    faces = str(embedded_model("faces"))
+    # the shipped model's text tower is 32 wide; a run of another width cannot start from it
+    assert main([*args, *SMOKE, "--init-from", faces, "--text-hidden", "16"]) == 2
+    assert re.search(
+        r"--init-from: .*safetensors: weights of another shape", capsys.readouterr().err
+    )
+    assert main([*args, *SMOKE, "--init-from", str(tmp_path)]) == 2
+    assert re.search(r"--init-from: .*unet.*missing", capsys.readouterr().err)
+
+
+def test_warm_start_loads_the_shipped_weights_and_latent_space(tmp_path):
+    from facefuse.train.config import TrainConfig
+    from facefuse.train.loop import build_text_encoder, build_unet, warm_start
+
+    folder = embedded_model("faces")
+    config = TrainConfig(init_from=str(folder))
+    unet, text = build_unet(config), build_text_encoder(config)
+    before = next(iter(unet.parameters())).detach().clone()
+    shift, scale = warm_start(config, unet, text)
+    vae = json.loads((folder / "vae" / "config.json").read_text())
+    assert (shift, scale) == (vae["shift_factor"], vae["scaling_factor"])
+    assert not torch_equal(before, next(iter(unet.parameters())))
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
