@@ -1,5 +1,21 @@
 """Client library for facefuse deployments (installed as ``facefuse.client``)."""
 
-from facefuse.client.api import AsyncClient, Client, ClientError, Result
+from facefuse.client.api import (
+    NO_RETRY,
+    AsyncClient,
+    Client,
+    ClientError,
+    Result,
+    RetryPolicy,
+    retryable,
+)
 
-__all__ = ["AsyncClient", "Client", "ClientError", "Result"]
+__all__ = [
+    "NO_RETRY",
+    "AsyncClient",
+    "Client",
+    "ClientError",
+    "Result",
+    "RetryPolicy",
+    "retryable",
+]

@@ -2,12 +2,22 @@
 
 Inputs are checked against the same :mod:`facefuse.core.limits` the server enforces before any
 bytes are sent; server errors surface as :class:`ClientError` with one clear line.
+
+Retries (:class:`RetryPolicy`): an answer that says "try again" (HTTP 503 / gRPC UNAVAILABLE,
+which the pipelines send while the supervisor replaces a dead model process; a model process
+reported "not healthy"; a connection refused or reset) is retried with exponential backoff and
+jitter until the policy's total deadline. Every request facefuse serves is safe to retry: it
+changes nothing on the server, and the fusion default (DDIM inversion) and any request with a
+SEED give the same image again. Other errors (400 bad input, 500) are never retried.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import dataclass
+import random
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from facefuse.core import contract
@@ -32,10 +42,12 @@ class ClientError(FacefuseError):
 
 @dataclass
 class Result:
-    """A generated image (PNG bytes) and the server's INFO JSON."""
+    """A generated image (PNG bytes) and the server's INFO JSON; ``attempts``: how many
+    requests it took (1 without a retry)."""
 
     png: bytes
     info: dict
+    attempts: int = 1
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -111,35 +123,148 @@ def _template_headers(template_key: str | None) -> dict | None:
 def _client_error(exc: Exception) -> ClientError:
     status = getattr(exc, "status", lambda: None)()
     message = getattr(exc, "message", lambda: str(exc))() or str(exc)
-    return ClientError(str(message).strip().splitlines()[0], str(status) if status else None)
+    lines = str(message).strip().splitlines() or [type(exc).__name__]
+    return ClientError(lines[0], str(status) if status else None)
+
+
+# statuses and texts that mean "the server cannot answer now, the same request may succeed"
+RETRY_STATUSES = ("503", "502", "504", "StatusCode.UNAVAILABLE")
+RETRY_TEXTS = (
+    "is unavailable",
+    "is not healthy",  # a pipeline instance's own process died (Triton answers 500)
+    "unknown model",  # the supervisor has the model unloaded for a reload
+    "no available versions",
+    "Connection reset",
+    "Connection refused",
+    "Connection aborted",
+    "Broken pipe",
+    "Socket closed",
+    "failed to connect",
+    "connection attempt failed",
+)
+
+
+def retryable(exc: BaseException) -> bool:
+    """True for an error that a later identical request may not get (see RetryPolicy)."""
+    if isinstance(exc, ClientError):
+        status, text = exc.status, str(exc)
+    else:
+        status = getattr(exc, "status", lambda: None)()
+        text = str(getattr(exc, "message", lambda: str(exc))() or exc)
+        if isinstance(exc, ConnectionError):  # reset, refused, aborted, broken pipe
+            return True
+    if status is not None and str(status) in RETRY_STATUSES:
+        return True
+    if status is not None and str(status) in ("400", "StatusCode.INVALID_ARGUMENT"):
+        return False
+    return any(marker in text for marker in RETRY_TEXTS)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retry what is safe to retry. ``deadline_s``: the whole call, retries included, ends by
+    then (the last attempt gets what is left); ``attempts``: at most this many requests;
+    backoff: ``backoff_s`` doubled per retry up to ``max_backoff_s``, with +-25% jitter."""
+
+    attempts: int = 6
+    deadline_s: float = 120.0
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+    jitter: float = 0.25
+    rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "attempts": self.attempts >= 1 and int(self.attempts) == self.attempts,
+            "deadline_s": 0 < self.deadline_s <= 86400,
+            "backoff_s": 0 <= self.backoff_s <= 600,
+            "max_backoff_s": self.backoff_s <= self.max_backoff_s <= 3600,
+            "jitter": 0 <= self.jitter < 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise InvalidInput(f"retry {name}", f"out of range: {getattr(self, name)!r}")
+
+    def delay(self, retry: int) -> float:
+        base = min(self.max_backoff_s, self.backoff_s * 2 ** max(0, retry - 1))
+        return max(0.0, base * (1 + self.jitter * (2 * self.rng.random() - 1)))
+
+
+NO_RETRY = RetryPolicy(attempts=1)
 
 
 class Client:
-    """Synchronous client. ``protocol`` is "grpc" (default) or "http"."""
+    """Synchronous client. ``protocol`` is "grpc" (default) or "http"; ``retry``: what to do
+    with a "try again" answer (:class:`RetryPolicy`; ``NO_RETRY`` to see every failure).
+    ``retries`` counts the retries this client made."""
 
-    def __init__(self, url: str | None = None, protocol: str = "grpc", timeout_s: float = 600.0):
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: str = "grpc",
+        timeout_s: float = 600.0,
+        retry: RetryPolicy | None = None,
+    ):
         self.protocol = protocol
         self.module = _module(protocol)
         self.url = url or DEFAULT_URLS[protocol]
         self.timeout_s = timeout_s
-        if protocol == "http":
-            self._client = self.module.InferenceServerClient(
-                self.url, connection_timeout=timeout_s, network_timeout=timeout_s
-            )
-        else:
-            self._client = self.module.InferenceServerClient(self.url)
+        self.retry = retry or RetryPolicy()
+        self.retries = 0
+        self._client = self._connect()
 
-    def _infer(self, model: contract.Model, tensors: dict, headers: dict | None = None) -> Result:
-        inputs, outputs = _build(self.module, model, tensors)
+    def _connect(self):
+        if self.protocol == "http":
+            return self.module.InferenceServerClient(
+                self.url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
+            )
+        return self.module.InferenceServerClient(self.url)
+
+    def _infer_once(self, model, inputs, outputs, headers, timeout_s: float) -> Result:
         kwargs = {"headers": headers}
         if self.protocol == "grpc":
-            kwargs["client_timeout"] = self.timeout_s
+            kwargs["client_timeout"] = timeout_s
         try:
             return _result(self._client.infer(model.name, inputs, outputs=outputs, **kwargs))
         except (
             Exception
         ) as exc:  # tritonclient raises InferenceServerException and transport errors
             raise _client_error(exc) from exc
+
+    def _infer(self, model: contract.Model, tensors: dict, headers: dict | None = None) -> Result:
+        inputs, outputs = _build(self.module, model, tensors)
+        policy = self.retry
+        deadline = time.monotonic() + policy.deadline_s
+        attempt = 0
+        while True:
+            attempt += 1
+            left = deadline - time.monotonic()
+            try:
+                result = self._infer_once(
+                    model, inputs, outputs, headers, max(1.0, min(self.timeout_s, left))
+                )
+                result.attempts = attempt
+                return result
+            except ClientError as exc:
+                pause = policy.delay(attempt)
+                if (
+                    attempt >= policy.attempts
+                    or not retryable(exc)
+                    or time.monotonic() + pause >= deadline
+                ):
+                    raise
+                self.retries += 1
+                time.sleep(pause)
+                if self.protocol == "http" and "onnection" in str(exc):
+                    self._reconnect()
+
+    def _reconnect(self) -> None:
+        """A reset HTTP connection pool is replaced rather than reused."""
+        try:
+            self._client.close()
+        except Exception:  # noqa: S110 - the old pool is broken anyway
+            pass
+        self._client = self._connect()
 
     def fuse(
         self,
@@ -178,24 +303,48 @@ class Client:
 
 
 class AsyncClient:
-    """asyncio client over tritonclient's aio modules; same API as :class:`Client`, awaited."""
+    """asyncio client over tritonclient's aio modules; same API as :class:`Client`, awaited
+    (the same :class:`RetryPolicy`)."""
 
-    def __init__(self, url: str | None = None, protocol: str = "grpc"):
+    def __init__(
+        self, url: str | None = None, protocol: str = "grpc", retry: RetryPolicy | None = None
+    ):
         self.protocol = protocol
         self.module = _module(protocol, aio=True)
         self.url = url or DEFAULT_URLS[protocol]
+        self.retry = retry or RetryPolicy()
+        self.retries = 0
         self._client = self.module.InferenceServerClient(self.url)
 
     async def _infer(
         self, model: contract.Model, tensors: dict, headers: dict | None = None
     ) -> Result:
         inputs, outputs = _build(self.module, model, tensors)
-        try:
-            return _result(
-                await self._client.infer(model.name, inputs, outputs=outputs, headers=headers)
-            )
-        except Exception as exc:
-            raise _client_error(exc) from exc
+        policy = self.retry
+        deadline = time.monotonic() + policy.deadline_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                left = max(1.0, deadline - time.monotonic())
+                response = await asyncio.wait_for(
+                    self._client.infer(model.name, inputs, outputs=outputs, headers=headers),
+                    timeout=left,
+                )
+                result = _result(response)
+                result.attempts = attempt
+                return result
+            except Exception as exc:
+                error = exc if isinstance(exc, ClientError) else _client_error(exc)
+                pause = policy.delay(attempt)
+                if (
+                    attempt >= policy.attempts
+                    or not retryable(error)
+                    or time.monotonic() + pause >= deadline
+                ):
+                    raise error from exc
+                self.retries += 1
+                await asyncio.sleep(pause)
 
     async def fuse(
         self, source: ImageLike, target: ImageLike, instruction: str, **params

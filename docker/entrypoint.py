@@ -7,12 +7,15 @@ images install facefuse), so that the same file runs in the NGC Triton image (sy
 
 ``serve`` (default)
     Resolve the model repository, build TensorRT engines first if the GPU variant needs them
-    and the cache holds none for this GPU + TensorRT version, then replace this process with
-    ``tritonserver`` (so that it receives SIGTERM from Docker / the kubelet directly).
+    and the cache holds none for this GPU + TensorRT version, then run ``tritonserver`` under
+    the supervisor (SIGTERM and SIGINT are passed on to it; the exit code is the server's, or
+    3 when the supervisor gave up on a model). With ``FACEFUSE_SUPERVISOR=0`` this process is
+    replaced by ``tritonserver`` instead.
 ``build-engines``
     Only the engine step, then exit 0: warms the cache before a rollout (no admin key needed).
 ``healthcheck``
-    Exit 0 when ``/v2/health/ready`` answers 200 (Docker ``HEALTHCHECK``).
+    Exit 0 when the supervisor's ``/ready`` (or, without the supervisor, Triton's
+    ``/v2/health/ready``) answers 200 (Docker ``HEALTHCHECK``).
 ``print-command``
     Print the tritonserver command line as JSON (the admin key masked) and exit: for debugging
     and for the offline tests.
@@ -30,6 +33,15 @@ Environment (every name is read here and nowhere else):
 ``TRITONSERVER_BIN``            the server binary; default ``/opt/tritonserver/bin/tritonserver``
 ``TRITON_BACKEND_DIR``          ``--backend-directory`` when not the binary's default
 ``FACEFUSE_NVINFER_DIRS``       where to look for ``libnvinfer.so.X.Y.Z`` (the runtime TensorRT)
+``FACEFUSE_SUPERVISOR``         ``1`` (default): run tritonserver as a child with the supervisor
+                                (``facefuse.serving.supervisor``): dead or hung model processes
+                                are reloaded, ``/ready`` ``/live`` ``/metrics`` answer on
+                                ``FACEFUSE_HEALTH_PORT``; ``0``: exec tritonserver as before
+                                (model control ``none``, no self-healing)
+``FACEFUSE_HEALTH_PORT``        the supervisor's port (default 8003; the Kubernetes probes)
+``FACEFUSE_SUPERVISOR_<NAME>``  a supervisor setting, e.g. ``..._PROBE_TIMEOUT_S=20``; the
+                                container default of ``EXIT_ON_GIVE_UP`` is ``1`` (exit code 3
+                                so that the orchestrator restarts the container)
 ==============================  ===============================================================
 
 The engine cache key is ``<gpu-name>-sm<compute-capability>-trt<version>-<digest>``: TensorRT
@@ -46,6 +58,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -53,6 +66,14 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from facefuse.serving.supervisor import (  # standard library only too
+    DEFAULT_HEALTH_PORT,
+    SettingError,
+    Supervision,
+    SupervisorSettings,
+    check_port,
+)
 
 # standard library only too; the one builder of the command line, shared with `facefuse serve`
 from facefuse.serving.tritonserver_args import (  # noqa: F401 - ADMIN_HEADER re-exported
@@ -88,6 +109,8 @@ class Settings:
     tritonserver: str
     backend_dir: str | None
     nvinfer_dirs: tuple[Path, ...]
+    supervisor: SupervisorSettings | None = None  # None: FACEFUSE_SUPERVISOR=0
+    health_port: int = DEFAULT_HEALTH_PORT
 
     @classmethod
     def from_env(cls, env: dict[str, str], need_key: bool = True) -> Settings:
@@ -108,11 +131,37 @@ class Settings:
                 for p in env.get("FACEFUSE_NVINFER_DIRS", DEFAULT_NVINFER_DIRS).split(":")
                 if p
             ),
+            supervisor=supervisor_settings(env),
+            health_port=health_port(env),
         )
 
     @property
     def is_s3(self) -> bool:
         return self.repository.startswith("s3://")
+
+
+def supervisor_settings(env: dict[str, str]) -> SupervisorSettings | None:
+    """FACEFUSE_SUPERVISOR and FACEFUSE_SUPERVISOR_<NAME>, checked (the error names one)."""
+    enabled = env.get("FACEFUSE_SUPERVISOR", "1")
+    if enabled not in ("0", "1"):
+        raise EntrypointError(f"FACEFUSE_SUPERVISOR must be 0 or 1, got {enabled!r}")
+    if enabled == "0":
+        return None
+    try:
+        # in a container, giving up means exiting: the orchestrator restarts it
+        return SupervisorSettings.from_env(env, exit_on_give_up="1")
+    except SettingError as exc:
+        raise EntrypointError(str(exc)) from None
+
+
+def health_port(env: dict[str, str]) -> int:
+    raw = env.get("FACEFUSE_HEALTH_PORT", str(DEFAULT_HEALTH_PORT))
+    try:
+        return check_port(int(raw), "FACEFUSE_HEALTH_PORT")
+    except (ValueError, SettingError):
+        raise EntrypointError(
+            f"FACEFUSE_HEALTH_PORT must be a port in 1..65535, got {raw!r}"
+        ) from None
 
 
 def read_admin_key(env: dict[str, str]) -> str:
@@ -339,7 +388,10 @@ def server_command(settings: Settings, repository: str, extra: list[str]) -> lis
             model_config_name=settings.model_config,
             admin_key=settings.admin_key,
             cpu_only=settings.model_config == "cpu",
-            model_control_none=True,
+            # the supervisor reloads dead models through the key-restricted repository API;
+            # without it nothing may load or unload models over the network
+            model_control_none=settings.supervisor is None,
+            model_control_explicit=settings.supervisor is not None,
             extra=tuple(extra),
         )
     )
@@ -357,7 +409,13 @@ def prepare(settings: Settings, env: dict[str, str]) -> str:
     return settings.repository
 
 
-def healthcheck(url: str = f"http://127.0.0.1:{HTTP_PORT}/v2/health/ready") -> int:
+def healthcheck(url: str | None = None, env: dict[str, str] | None = None) -> int:
+    if url is None:
+        env = dict(os.environ if env is None else env)
+        url = f"http://127.0.0.1:{HTTP_PORT}/v2/health/ready"
+        if env.get("FACEFUSE_SUPERVISOR", "1") != "0":
+            port = env.get("FACEFUSE_HEALTH_PORT", str(DEFAULT_HEALTH_PORT))
+            url = f"http://127.0.0.1:{port}/ready"
     try:
         with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - loopback
             return 0 if response.status == 200 else 1
@@ -370,7 +428,7 @@ def main(argv: list[str] | None = None, env: dict[str, str] | None = None) -> in
     env = dict(os.environ if env is None else env)
     command = argv.pop(0) if argv and not argv[0].startswith("-") else "serve"
     if command == "healthcheck":
-        return healthcheck()
+        return healthcheck(env=env)
     if command not in ("serve", "build-engines", "print-command"):
         print(f"facefuse-entrypoint: unknown command {command!r}", file=sys.stderr)
         return 2
@@ -388,8 +446,54 @@ def main(argv: list[str] | None = None, env: dict[str, str] | None = None) -> in
         print(f"facefuse-entrypoint: error: {exc}", file=sys.stderr)
         return 2
     sys.stdout.flush()
-    os.execve(args[0], args, env)  # noqa: S606 - replaces this process, no shell
-    return 0  # pragma: no cover - execve does not return
+    if settings.supervisor is None:
+        os.execve(args[0], args, env)  # noqa: S606 - replaces this process, no shell
+        return 0  # pragma: no cover - execve does not return
+    return supervise(args, env, settings)
+
+
+def supervise(args: list[str], env: dict[str, str], settings: Settings) -> int:
+    """Run tritonserver as a child under the supervisor; pass SIGTERM/SIGINT on to it.
+
+    Returns tritonserver's exit code, or 3 after the supervisor gave up on a model (the server
+    is stopped first), so that the orchestrator restarts the container."""
+    server = subprocess.Popen(args, env=env)
+    stopping = []
+
+    def forward(signum, _frame):
+        stopping.append(signum)
+        if server.poll() is None:
+            server.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    supervision = Supervision(
+        f"127.0.0.1:{HTTP_PORT}",
+        server.pid,
+        settings.admin_key,
+        settings.supervisor,
+        health_host="0.0.0.0",  # noqa: S104 - the kubelet probes the pod IP
+        health_port=settings.health_port,
+        log=lambda line: print(line, flush=True),
+    ).start()
+    try:
+        while True:
+            try:
+                code = server.wait(timeout=0.5)
+                return code if code >= 0 else 128 - code
+            except subprocess.TimeoutExpired:
+                pass
+            if supervision.exit_code == 3 and not stopping:
+                print("facefuse-entrypoint: supervisor gave up; stopping tritonserver", flush=True)
+                server.send_signal(signal.SIGTERM)
+                try:
+                    server.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
+                return 3
+    finally:
+        supervision.stop()
 
 
 if __name__ == "__main__":

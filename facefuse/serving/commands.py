@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -61,7 +62,74 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--log-verbose", type=int, default=0, help="tritonserver --log-verbose level"
     )
+    add_supervisor_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def add_supervisor_arguments(parser) -> None:
+    """--no-supervisor, --health-port and one flag per supervisor setting (issue 33)."""
+    from dataclasses import fields
+
+    from facefuse.serving.supervisor import (
+        DEFAULT_HEALTH_PORT,
+        RANGES,
+        SupervisorSettings,
+        flag_name,
+    )
+
+    group = parser.add_argument_group(
+        "self-healing",
+        "The supervisor watches every Python-backend model process and reloads a dead or hung "
+        "model through the model-repository API (the server runs with explicit model control); "
+        "its /ready, /live, /metrics and /status answer on --health-port.",
+    )
+    group.add_argument(
+        "--no-supervisor",
+        action="store_true",
+        help="do not watch or reload models (then a dead model process stays dead until restart)",
+    )
+    group.add_argument(
+        "--health-port",
+        type=int,
+        default=DEFAULT_HEALTH_PORT,
+        help=f"port of the supervisor's /ready /live /metrics (default {DEFAULT_HEALTH_PORT}; "
+        "0 = any free port)",
+    )
+    defaults = SupervisorSettings()
+    for f in fields(SupervisorSettings):
+        default = getattr(defaults, f.name)
+        if f.name == "exit_on_give_up":
+            group.add_argument(
+                flag_name(f.name),
+                dest=f"supervisor_{f.name}",
+                default=None,
+                metavar="BOOL",
+                help="exit (code 3) once a model is given up, so that a process manager "
+                "restarts everything (default false)",
+            )
+            continue
+        low, high = RANGES[f.name]
+        group.add_argument(
+            flag_name(f.name),
+            dest=f"supervisor_{f.name}",
+            default=None,
+            metavar="N",
+            help=f"{f.name.replace('_', ' ')} (default {default:g}; {low:g}..{high:g})",
+        )
+
+
+def supervisor_settings(args: argparse.Namespace):
+    """The checked settings from the flags (a SettingError names the bad one)."""
+    from dataclasses import fields
+
+    from facefuse.serving.supervisor import SupervisorSettings
+
+    values = {
+        f.name: getattr(args, f"supervisor_{f.name}")
+        for f in fields(SupervisorSettings)
+        if getattr(args, f"supervisor_{f.name}", None) is not None
+    }
+    return SupervisorSettings.from_strings(values)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,7 +139,15 @@ def run(args: argparse.Namespace) -> int:
         LocalTritonServer,
         ServerConfig,
     )
+    from facefuse.serving.supervisor import SettingError, Supervision, check_port
 
+    # refuse a bad setting before anything starts
+    try:
+        settings = None if args.no_supervisor else supervisor_settings(args)
+        check_port(args.health_port)
+    except SettingError as exc:
+        print(f"facefuse serve: error: {exc}", file=sys.stderr)
+        return 2
     config = ServerConfig(
         repository=args.repository,
         host="0.0.0.0" if args.public else "127.0.0.1",  # noqa: S104 - explicit opt-in
@@ -82,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         admin_key=args.admin_key,
         restrict_apis=not args.unrestricted,
         log_verbose=args.log_verbose,
+        model_control_explicit=settings is not None,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -95,13 +172,33 @@ def run(args: argparse.Namespace) -> int:
                 f"admin APIs need the key {config.admin_key} in header {ADMIN_HEADER} (HTTP) "
                 f"or metadata {GRPC_ADMIN_HEADER} (gRPC)"
             )
+        supervision = None
+        if settings is not None:
+            supervision = Supervision(
+                server.http_url,
+                server.process.pid,
+                config.admin_key if config.restrict_apis else None,
+                settings,
+                health_host=config.host,
+                health_port=args.health_port,
+            ).start()
+            print(
+                f"supervisor: {supervision.health_url}/ready /live /metrics /status "
+                "(dead or hung model processes are reloaded)"
+            )
         print("Ctrl-C to stop", flush=True)
         try:
             while not stop.wait(0.5):
                 if server.process.poll() is not None:
                     print(f"tritonserver exited with code {server.process.returncode}")
                     return 1
+                if supervision is not None and supervision.exit_code == 3:
+                    print("supervisor gave up on a model (--supervisor-exit-on-give-up): exiting")
+                    return 3
         except KeyboardInterrupt:
             pass
+        finally:
+            if supervision is not None:
+                supervision.stop()
         print("stopping ...", flush=True)
     return 0

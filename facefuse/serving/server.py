@@ -96,6 +96,8 @@ class ServerConfig:
     admin_key: str | None = None  # None: a random key, printed at start
     restrict_apis: bool = True
     log_verbose: int = 0
+    # --model-control-mode=explicit --load-model=*: the supervisor reloads a dead model
+    model_control_explicit: bool = False
     ready_timeout_s: float = 300.0
     extra_args: list[str] = field(default_factory=list)
 
@@ -151,6 +153,7 @@ class LocalTritonServer:
                 admin_key=c.admin_key if c.restrict_apis else None,
                 exit_timeout_s=10,
                 log_verbose=c.log_verbose,
+                model_control_explicit=c.model_control_explicit,
                 extra=tuple(c.extra_args),
             )
         )

@@ -1,14 +1,17 @@
 """Thin helpers for the Python-backend ``model.py`` adapters (import only inside a stub).
 
 One place maps facefuse errors to Triton errors: :class:`InvalidInput` becomes INVALID_ARG
-(HTTP 400 / gRPC INVALID_ARGUMENT) with the message tagged for BLS callers; anything else
-becomes INTERNAL with a one-line message (no traceback reaches the client).
+(HTTP 400 / gRPC INVALID_ARGUMENT) with the message tagged for BLS callers;
+:class:`ModelUnavailable` (a composing model that is dead, being reloaded by the supervisor, or
+silent past the BLS timeout) becomes UNAVAILABLE (HTTP 503 / gRPC UNAVAILABLE) with a retry
+hint; anything else becomes INTERNAL with a one-line message (no traceback reaches the client).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -17,6 +20,30 @@ from facefuse.core.errors import InvalidInput, tag_invalid, untag_invalid
 from facefuse.diffusion.loop import DenoiseCancelled
 
 log = logging.getLogger("facefuse.triton")
+
+
+# what Triton 2.51 says when a composing model's process died or stopped, or while the
+# supervisor has it unloaded for a reload (facefuse.serving.supervisor)
+UNAVAILABLE_MARKERS = (
+    "is not healthy",
+    "unknown model",
+    "is not ready",
+    "no available versions",
+    "is not found",
+)
+RETRY_HINT = "retry in a few seconds"
+
+
+class ModelUnavailable(RuntimeError):
+    """A composing model cannot answer now (dead, reloading, or past the BLS timeout)."""
+
+    def __init__(self, model: str, reason: str):
+        self.model = model
+        super().__init__(f"model '{model}' is unavailable ({reason}); {RETRY_HINT}")
+
+
+def unavailable_reason(message: str) -> bool:
+    return any(marker in message for marker in UNAVAILABLE_MARKERS)
 
 
 def pb_utils():
@@ -76,6 +103,11 @@ def error_response(exc: BaseException, model: str):
         return pb.InferenceResponse(
             error=pb.TritonError(tag_invalid(str(exc)), pb.TritonError.INVALID_ARG)
         )
+    if isinstance(exc, ModelUnavailable):  # transient: the client may retry
+        log.warning("%s: %s", model, exc)
+        return pb.InferenceResponse(
+            error=pb.TritonError(f"{model}: {exc}", pb.TritonError.UNAVAILABLE)
+        )
     if isinstance(exc, DenoiseCancelled):  # the client cancelled: no traceback, not a fault
         log.warning("%s: %s", model, exc)
         code = getattr(pb.TritonError, "CANCELLED", pb.TritonError.UNAVAILABLE)
@@ -96,20 +128,64 @@ def respond_each(requests: Sequence, handler: Callable, model: str) -> list:
     return responses
 
 
-def bls(model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-    """Call ``model`` synchronously; user errors come back as InvalidInput, others name it."""
+# seconds one BLS call may take before the caller gives up on it (None: wait for ever); the
+# pipeline models set it from their ``bls_timeout_s`` parameter (set_bls_timeout)
+_BLS_TIMEOUT_S: list[float | None] = [None]
+
+
+def set_bls_timeout(seconds: float | None) -> None:
+    if seconds is not None and not (0 < seconds <= 3600):
+        raise ValueError(f"bls_timeout_s must be in (0, 3600] seconds, got {seconds}")
+    _BLS_TIMEOUT_S[0] = seconds
+
+
+def exec_with_timeout(request, model: str, timeout_s: float | None):
+    """``request.exec()``, abandoned after ``timeout_s`` (ModelUnavailable). The abandoned
+    call's thread ends when the callee answers or its process is killed (the supervisor
+    kills a hung one)."""
+    if timeout_s is None:
+        return request.exec()
+    box: dict = {}
+
+    def run():
+        try:
+            box["response"] = request.exec()
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"bls-{model}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise ModelUnavailable(model, f"no answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["response"]
+
+
+def bls(
+    model: str,
+    inputs: dict[str, np.ndarray],
+    outputs: Sequence[str],
+    timeout_s: float | None = None,
+) -> dict[str, np.ndarray]:
+    """Call ``model`` synchronously; user errors come back as InvalidInput, a dead, reloading
+    or silent callee as ModelUnavailable, others as RuntimeError naming it. ``timeout_s``:
+    default the pipeline's ``bls_timeout_s``."""
     pb = pb_utils()
     tensors = [pb.Tensor(name, value) for name, value in inputs.items()]
     request = pb.InferenceRequest(
         model_name=model, inputs=tensors, requested_output_names=list(outputs)
     )
-    response = request.exec()
+    response = exec_with_timeout(request, model, timeout_s or _BLS_TIMEOUT_S[0])
     if response.has_error():
         message = response.error().message()
         user_message = untag_invalid(message)
         if user_message is not None:
             field, _, expectation = user_message.partition(": ")
             raise InvalidInput(field, expectation)
+        if unavailable_reason(message):
+            raise ModelUnavailable(model, message.strip().splitlines()[0].rstrip("."))
         raise RuntimeError(f"call to model '{model}' failed: {message}")
     return {name: pb.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
 

@@ -19,17 +19,34 @@ from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
 from facefuse.diffusion.pipeline import Pipeline, options_from_parameters, params_from
 from facefuse.runtime.memory import MIB, FallbackController, gpu_free
 from facefuse.runtime.variants import VariantRoutes, variant_model_names
-from facefuse.serving.triton_io import TritonMetric, error_response, get_scalar
+from facefuse.serving.triton_io import (
+    ModelUnavailable,
+    TritonMetric,
+    error_response,
+    get_scalar,
+    set_bls_timeout,
+)
 from facefuse.serving.triton_stages import bls_stages
 
 
 class PipelineTritonModel:
     """Triton ``TritonPythonModel`` base for BLS pipelines."""
 
+    # seconds one BLS call to a composing model may take before the request fails with
+    # UNAVAILABLE (the ``bls_timeout_s`` config parameter overrides it)
+    BLS_TIMEOUT_S = 60.0
+
     def initialize(self, args: dict) -> None:
         config = json.loads(args["model_config"])
         self.name = config["name"]
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        raw = params.get("bls_timeout_s", str(self.BLS_TIMEOUT_S))
+        try:
+            set_bls_timeout(float(raw))
+        except ValueError:
+            raise ModelLoadError(
+                f"{self.name}: parameter bls_timeout_s must be seconds in (0, 3600], got {raw!r}"
+            ) from None
         version_dir = Path(args["model_repository"]) / args["model_version"]
         manifest = PipelineManifest.load(version_dir / MANIFEST_NAME)
         self.manifest = manifest
@@ -132,6 +149,8 @@ class PipelineTritonModel:
                 outcome = "invalid" if isinstance(exc, InvalidInput) else "error"
                 if isinstance(exc, DenoiseCancelled):
                     outcome = "cancelled"
+                if isinstance(exc, ModelUnavailable):
+                    outcome = "unavailable"
                 responses.append(error_response(exc, self.name))
             labels = {"model": self.name, "variant": self.variant, "outcome": outcome}
             self.requests_metric.increment(1, **labels)

@@ -37,6 +37,9 @@ class ServerArgs:
     backend_directory: str | None = None
     cpu_only: bool = True  # no pinned or CUDA memory pools, no GPU metrics
     model_control_none: bool = False  # no load/unload over the network, whatever the key
+    # load every model at start and allow unload/load through the (key-restricted)
+    # model-repository API: what the supervisor (facefuse.serving.supervisor) reloads with
+    model_control_explicit: bool = False
     exit_timeout_s: int | None = None
     log_verbose: int | None = None
     extra: tuple[str, ...] = ()
@@ -56,8 +59,12 @@ def tritonserver_command(a: ServerArgs) -> list[str]:
     ]
     if a.model_config_name:
         args.append(f"--model-config-name={a.model_config_name}")
+    if a.model_control_none and a.model_control_explicit:
+        raise ValueError("model_control_none and model_control_explicit exclude each other")
     if a.model_control_none:
         args.append("--model-control-mode=none")
+    if a.model_control_explicit:
+        args += ["--model-control-mode=explicit", "--load-model=*"]
     args += [
         "--strict-readiness=true",
         "--exit-on-error=true",

@@ -8,6 +8,11 @@ from facefuse.serving.triton_pipeline import PipelineTritonModel
 
 
 class TritonPythonModel(PipelineTritonModel):
+    # every BLS call to a composing model gives up after this many seconds: the request then
+    # fails with UNAVAILABLE (HTTP 503) instead of waiting on a hung model (issue 33);
+    # a dead or reloading model fails it at once. Config parameter bls_timeout_s overrides.
+    BLS_TIMEOUT_S = 60.0
+
     def handle(self, request):
         pb = pb_utils()
         params = self.params(request)

@@ -194,10 +194,22 @@ def test_server_command_restricts_admin_apis(entry, tmp_path, capsys):
         "--grpc-port=8001",
         "--metrics-port=8002",
         "--metrics-config=summary_latencies=true",
-        "--model-control-mode=none",
+        # the supervisor (on by default) reloads dead models through the restricted API
+        "--model-control-mode=explicit",
+        "--load-model=*",
         f"--model-repository={tmp_path}",
     ):
         assert flag in args
+    assert "--model-control-mode=none" not in args
+
+
+def test_without_the_supervisor_no_model_is_loaded_or_unloaded_over_the_network(
+    entry, tmp_path, capsys
+):
+    assert entry.main(["print-command"], base_env(tmp_path, FACEFUSE_SUPERVISOR="0")) == 0
+    args = json.loads(capsys.readouterr().out)
+    assert "--model-control-mode=none" in args
+    assert not any(a.startswith("--model-control-mode=explicit") for a in args)
 
 
 def test_entrypoint_and_the_local_server_share_one_command_builder(entry, tmp_path):
@@ -216,6 +228,15 @@ def test_entrypoint_and_the_local_server_share_one_command_builder(entry, tmp_pa
         ({"FACEFUSE_MODEL_CONFIG": "tpu"}, "cpu or gpu"),
         ({"FACEFUSE_MODEL_REPOSITORY": "/nonexistent/repo"}, "not a directory"),
         ({"FACEFUSE_ADMIN_KEY_FILE": "/nonexistent/key"}, "not both"),
+        ({"FACEFUSE_SUPERVISOR": "yes"}, "FACEFUSE_SUPERVISOR must be 0 or 1"),
+        ({"FACEFUSE_HEALTH_PORT": "70000"}, "FACEFUSE_HEALTH_PORT must be a port"),
+        (
+            {"FACEFUSE_SUPERVISOR_POLL_INTERVAL_S": "0"},
+            "supervisor setting poll_interval_s (--supervisor-poll-interval-s / "
+            "FACEFUSE_SUPERVISOR_POLL_INTERVAL_S) must be a number in [0.1, 60], got 0.0",
+        ),
+        ({"FACEFUSE_SUPERVISOR_MAX_RELOADS": "many"}, "max_reloads"),
+        ({"FACEFUSE_SUPERVISOR_RECOVERY_BUDGET_S": "-5"}, "recovery_budget_s"),
     ],
 )
 def test_entrypoint_refuses_bad_settings(entry, tmp_path, capsys, extra, message):
