@@ -422,21 +422,28 @@ def compress(
     separator: str = "compact",
     identity_first: bool = True,
     normalized: bool = False,
+    apart: frozenset[str] | set[str] = frozenset(),
 ) -> Compression:
     """Compress a prompt; see the module docstring for the steps. Never raises on str input.
 
     ``normalized=True`` skips :func:`normalize` for text that has been through it already.
+    ``apart``: tags (as in the normalised text) that are attributes ("smiling", "glasses",
+    "soft studio light"): the compact join puts a comma on both sides of each, so that
+    attributes never run together into new phrases ("smiling hair soft studio light").
     """
     if separator not in SEPARATORS:
         raise ValueError(f"separator must be one of {SEPARATORS}, got {separator!r}")
     canon = _Canon()
     tags: list[list[str]] = []
     seen: set[str] = set()
+    kept_apart: set[str] = set()
     for raw in split_tags(text if normalized else normalize(text)):
         words = _rewrite_tag(raw, canon)
         if not words:
             continue
         key = " ".join(words)
+        if raw in apart:
+            kept_apart.add(key)
         if key in seen:
             canon.removed.extend(w for w in words if _is_content(w))
             continue
@@ -447,7 +454,7 @@ def compress(
         tags = _identity_first(tags)
     phrases = [" ".join(t) for t in tags]
     return Compression(
-        text=join_tags(tags, separator),
+        text=join_tags(tags, separator, apart=kept_apart),
         tags=phrases,
         removed=canon.removed,
         canonicalised=canon.canonicalised,
@@ -479,7 +486,9 @@ def _nounish(tag: list[str]) -> bool:
     return not _fixed_phrase(tag) and (len(tag) > 1 or not _ADJECTIVAL.search(tag[0]))
 
 
-def join_tags(tags: list[list[str]], separator: str = "compact") -> str:
+def join_tags(
+    tags: list[list[str]], separator: str = "compact", *, apart: set[str] | frozenset = frozenset()
+) -> str:
     """Join tags.
 
     "compact" joins with a space, since a comma is one CLIP token per tag. It keeps a comma
@@ -488,6 +497,7 @@ def join_tags(tags: list[list[str]], separator: str = "compact") -> str:
     at most :data:`LIST_LIKE_WORDS_PER_TAG` words), between any two noun tags of one or two
     words ("real estate, blender"), where merging would blur the items most. A fixed phrase
     (one canonical boilerplate or binomial, "best quality") needs no comma on either side.
+    A tag in ``apart`` (an attribute of an instruction) has a comma on both sides.
     """
     if separator != "compact":
         return separator.join(" ".join(t) for t in tags)
@@ -499,7 +509,8 @@ def join_tags(tags: list[list[str]], separator: str = "compact") -> str:
         if i:
             prev = tags[i - 1]
             comma = (
-                (prev[-1][-1:].isdigit() and tag[0][:1].isdigit())
+                (" ".join(prev) in apart or " ".join(tag) in apart)
+                or (prev[-1][-1:].isdigit() and tag[0][:1].isdigit())
                 or (nouns[i - 1] and nouns[i])
                 or (
                     list_like and len(prev) <= 2 and len(tag) <= 2 and nounish[i - 1] and nounish[i]

@@ -241,3 +241,92 @@ def evaluate(
         tokens_after_total=sum(r.tokens_after for r in results),
     )
     return summary, results
+
+
+# --- instruction understanding (issue 30) --------------------------------------------------
+
+INSTRUCTIONS_DEV = Path(__file__).with_name("instructions_dev.jsonl")
+INSTRUCTIONS_HELDOUT = Path(__file__).with_name("instructions_heldout.jsonl")
+NOT_UNDERSTOOD = "nothing in the instruction was understood"
+
+
+@dataclass
+class LanguageScore:
+    """Instruction understanding of one language of a labelled set.
+
+    ``attributes`` = right attributes / (expected attributes + attributes found that were not
+    expected); ``instructions`` = share of instructions whose attributes are all right and
+    nothing more (for a language the parser does not know: nothing found and the warning
+    that says so)."""
+
+    language: str
+    count: int
+    attributes_right: int
+    attributes_total: int
+    instructions_right: int
+
+    @property
+    def attributes(self) -> float:
+        return self.attributes_right / self.attributes_total if self.attributes_total else 1.0
+
+    @property
+    def instructions(self) -> float:
+        return self.instructions_right / self.count if self.count else 1.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "attributes": self.attributes, "instructions": self.instructions}
+
+
+@dataclass
+class InstructionMiss:
+    text: str
+    language: str
+    expected: dict
+    found: dict
+
+
+def load_labelled(path: str | Path) -> list[dict]:
+    """Rows ``{"text", "lang", "attributes"}`` of a UTF-8 JSONL file; InvalidInput if malformed."""
+    import json
+
+    rows = []
+    for n, line in enumerate(load_prompts(path), 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput("FILE", f"line {n} is not JSON ({exc.msg})") from exc
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("text"), str)
+            or not isinstance(row.get("lang"), str)
+            or not isinstance(row.get("attributes"), dict)
+        ):
+            raise InvalidInput("FILE", f"line {n} needs text, lang and an attributes object")
+        rows.append(row)
+    return rows
+
+
+def score_instructions(
+    rows: list[dict], parse=None
+) -> tuple[dict[str, LanguageScore], list[InstructionMiss]]:
+    """Score ``parse(text)`` (default :func:`~facefuse.prompt.structured.parse_instruction`)
+    on labelled rows, per language, and list the instructions not fully right."""
+    if parse is None:
+        from facefuse.prompt.structured import parse_instruction as parse
+    scores: dict[str, LanguageScore] = {}
+    misses: list[InstructionMiss] = []
+    for row in rows:
+        want = row["attributes"]
+        parsed = parse(row["text"])
+        got = parsed.attributes
+        score = scores.setdefault(row["lang"], LanguageScore(row["lang"], 0, 0, 0, 0))
+        score.count += 1
+        score.attributes_total += len(set(want) | set(got))
+        score.attributes_right += sum(1 for k, v in want.items() if k in got and got[k] == v)
+        right = got == want
+        if not want:  # a language the parser does not know: it must say so
+            right = right and any(NOT_UNDERSTOOD in w for w in parsed.warnings)
+        score.instructions_right += right
+        if not right:
+            misses.append(InstructionMiss(row["text"], row["lang"], want, dict(got)))
+    return scores, misses

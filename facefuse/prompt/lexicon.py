@@ -411,3 +411,249 @@ ART_SITES = (
     "pixiv fanbox",
     "cgsociety contest winner",
 )
+
+# --- Instruction understanding (:mod:`facefuse.prompt.understand`) ---------------------------
+#
+# Canonical values of the face edit, in the words the text tower was trained on and the
+# expression editor consumes. ``expression`` is one of EXPRESSIONS; a smile asked for together
+# with an open mouth keeps its smile value and adds ``mouth: "open"``; an open mouth alone is
+# ``expression: "open mouth"``.
+SLIGHT_SMILE, SMILING, BIG_SMILE = "slight smile", "smiling", "big smile"
+NEUTRAL, OPEN_MOUTH = "neutral expression", "open mouth"
+EXPRESSIONS = (SLIGHT_SMILE, SMILING, BIG_SMILE, NEUTRAL, OPEN_MOUTH)
+SMILES = (SLIGHT_SMILE, SMILING, BIG_SMILE)  # weakest first
+
+# English entries: phrase (space-separated words) -> (kind, value). Kinds: "smile" (a smile
+# word with its base strength), "neutral", "mod" (smile strength: slight, big or plain), "neg"
+# (flips what follows: negators and removal verbs), "keep" (verbs that keep or add), "item"
+# (a present/absent item, value = attribute key), "style", "filler" (says nothing by itself).
+EN_SMILE_WORDS = {
+    **dict.fromkeys(("smile", "smiles", "smiling", "smiled", "smiley", "grin", "grins"), SMILING),
+    **dict.fromkeys(("grinning", "grinned", "happy", "happier", "happily", "cheerful"), SMILING),
+    **dict.fromkeys(("joyful", "joyous", "glad", "merry", "cheery", "cheer up"), SMILING),
+    **dict.fromkeys(("laugh", "laughs", "laughing", "laughed", "beam", "beams"), BIG_SMILE),
+    **dict.fromkeys(("beaming", "beamed", "laughter", "chuckle", "chuckling"), BIG_SMILE),
+    **dict.fromkeys(("smirk", "smirks", "smirking", "half-smile"), SLIGHT_SMILE),
+}
+EN_NEUTRAL_WORDS = (
+    "neutral", "serious", "seriously", "expressionless", "straight face", "poker face",
+    "blank expression", "blank face", "blank look", "calm face", "calm expression", "calm",
+    "stern", "deadpan", "solemn", "unsmiling", "no expression", "impassive", "stoic",
+    "emotionless", "relaxed face", "relaxed expression", "resting face",
+)  # fmt: skip
+EN_SMILE_MODS = {
+    **dict.fromkeys(
+        ("slight", "slightly", "small", "little", "subtle", "subtly", "faint", "faintly"), "slight"
+    ),
+    **dict.fromkeys(
+        ("gentle", "gently", "soft", "softly", "hint", "tiny", "half", "mild", "mildly"), "slight"
+    ),
+    **dict.fromkeys(("barely", "bit", "touch", "shy", "shyly", "closed-mouth", "tight"), "slight"),
+    **dict.fromkeys(("big", "bigger", "biggest", "broad", "broadly", "wide", "widely"), "big"),
+    **dict.fromkeys(("wider", "huge", "large", "toothy", "giant", "enormous", "massive"), "big"),
+    **dict.fromkeys(("more", "ear to ear", "full", "radiant", "hearty"), "big"),
+    **dict.fromkeys(
+        ("warm", "warmly", "friendly", "nice", "pleasant", "genuine", "natural"), "plain"
+    ),
+    **dict.fromkeys(("sweet", "kind", "polite", "bright", "real", "lovely"), "plain"),
+}
+EN_NEGATORS = (
+    "no", "not", "don't", "dont", "do not", "never", "stop", "stops", "stopped", "quit",
+    "without", "no longer", "no more", "shouldn't", "should not", "mustn't", "must not",
+    "can't", "cannot", "isn't", "aren't", "won't", "doesn't", "does not", "didn't", "cease",
+    "avoid", "nor", "neither", "remove", "removes", "removed", "removing", "take off",
+    "take away", "take out", "taken off", "delete", "drop", "lose", "get rid of", "wipe",
+    "wipe off", "erase", "strip", "minus", "shave", "shave off", "eliminate", "ditch",
+)  # fmt: skip
+EN_KEEPERS = (
+    "keep", "keeps", "kept", "keeping", "retain", "preserve", "maintain", "leave", "add", "adds",
+    "with", "wear", "wears", "wearing", "put on", "give", "gives", "has", "have", "show", "still",
+)  # fmt: skip
+# item words -> attribute key (a synonym maps to one key)
+EN_ITEMS = {
+    **{w: w for w in ("glasses", "sunglasses", "beard", "hat", "cap", "necklace", "makeup")},
+    **{w: w for w in ("lipstick", "freckles", "tattoo", "scarf", "headphones", "mask", "veil")},
+    **{w: w for w in ("piercing", "crown", "tie", "bangs", "wrinkles", "scar", "helmet", "hood")},
+    **{w: w for w in ("headband", "bow tie", "goatee", "mustache", "earrings", "hair")},
+    "eyeglasses": "glasses",
+    "spectacles": "glasses",
+    "specs": "glasses",
+    "shades": "sunglasses",
+    "moustache": "mustache",
+    "earring": "earrings",
+    "tattoos": "tattoo",
+    "make-up": "makeup",
+}
+EN_STYLES = {
+    **dict.fromkeys(("black and white", "black-and-white", "b&w", "b/w", "monochrome"), "bw"),
+    **dict.fromkeys(("grayscale", "greyscale", "black and white photo", "monochrome photo"), "bw"),
+    **dict.fromkeys(("black and white portrait", "black and white picture"), "bw"),
+}
+BLACK_AND_WHITE = "black and white"
+# Words an instruction uses around what it asks for ("could you please make her ... a bit").
+EN_FILLERS = frozenset(
+    """
+    please pls plz kindly make makes making let lets look looks looking appear appears seem face
+    faces expression expressions actually instead again now rather really try just also then
+    everyone everybody could would you want wants like i person subject ok okay sure be being
+    become turn get going go thanks thank can should will set put on off up out lot much very
+    visible photo picture image edit change changes mood bit little
+    """.split()
+) | frozenset(w for w in FUNCTION_WORDS if w not in NEGATIONS)
+# Eyes and mouth states are phrases with a gap ("close her eyes"): regexes, tried before the
+# word scan; the placeholder word they leave is read like any other lexicon word.
+_OPEN = r"(?:open|opens|opened|opening)"
+_CLOSE = r"(?:close|closes|closed|closing|shut|shuts|shutting)"
+_POSS = r"(?:(?:her|his|their|the|its|your|both|my|our|them|him|both of (?:her|his|their)) )?"
+# words that may stand between a part and its state ("eyes should be open", "mouth wide open")
+_GAP = (
+    r"(?:(?:should|must|to|be|is|are|stay|stays|remain|remains|kept|wide|slightly|half|"
+    r"tightly|gently|fully|bit|little|a|still|now|partly|partially|softly) ){0,3}"
+)
+EN_STATE_PATTERNS = (
+    (rf"\b{_CLOSE} {_POSS}(?:(?:eyes?|eyelids?)\b)", "eyes_closed"),
+    (rf"\b(?:eyes?|eyelids?) {_GAP}(?:closed|shut)\b", "eyes_closed"),
+    (rf"\b{_OPEN} {_POSS}(?:wide |big )?eyes?\b", "eyes_open"),
+    (rf"\beyes? {_GAP}open(?:ed)?\b|\bwide[- ]eyed\b", "eyes_open"),
+    (rf"\b{_CLOSE} {_POSS}(?:mouth|lips)\b|\bclosed[- ]mouth(?:ed)?\b", "mouth_closed"),
+    (rf"\b(?:mouth|lips) {_GAP}(?:closed|shut|together)\b", "mouth_closed"),
+    (rf"\b{_OPEN} {_POSS}(?:wide )?mouth\b|\bopen[- ]mouthed\b", "mouth_open"),
+    (rf"\bmouth {_GAP}(?:open(?:ed)?|agape)\b|\bjaw dropped\b", "mouth_open"),
+)
+# age words read anywhere in a clause ("younger and happier")
+EN_AGE = {"older": "older", "younger": "younger", "elderly": "older", "aged": "older"}
+# item references ("remove the glasses, actually keep them"): the last item named before
+EN_REFERENCES = ("them", "it", "those", "these", "that")
+
+# Chinese entries, matched as substrings, longest first (forward maximum matching).
+ZH_SMILE_WORDS = {
+    **dict.fromkeys(
+        ("微笑", "笑容", "笑脸", "笑", "一笑", "笑一笑", "笑一个", "开心", "高兴"), SMILING
+    ),
+    **dict.fromkeys(
+        ("快乐", "愉快", "喜悦", "欢快", "笑眯眯", "笑嘻嘻", "乐呵呵", "笑着"), SMILING
+    ),
+    **dict.fromkeys(
+        ("浅笑", "淡笑", "微微一笑", "微微笑", "抿嘴笑", "抿嘴一笑", "含笑"), SLIGHT_SMILE
+    ),
+    **dict.fromkeys(
+        ("嘴角上扬", "嘴角微微上扬", "嘴角微扬", "嘴角上翘", "莞尔", "浅浅一笑"), SLIGHT_SMILE
+    ),
+    **dict.fromkeys(("笑意", "淡淡一笑", "一丝笑容", "一丝微笑"), SLIGHT_SMILE),
+    **dict.fromkeys(
+        ("大笑", "开怀大笑", "哈哈大笑", "咧嘴笑", "咧嘴", "露齿笑", "露齿而笑"), BIG_SMILE
+    ),
+    **dict.fromkeys(("欢笑", "狂笑", "爽朗地笑", "捧腹大笑", "笑开怀", "笑哈哈"), BIG_SMILE),
+}
+ZH_NEUTRAL_WORDS = (
+    "中性表情", "中性的表情", "中性", "面无表情", "无表情", "没有表情", "不带表情", "严肃",
+    "平静", "冷静", "淡定", "正经", "一本正经", "扑克脸", "冷漠", "不苟言笑", "自然表情",
+    "平淡", "木讷", "表情中性",
+)  # fmt: skip
+ZH_SMILE_MODS = {
+    **dict.fromkeys(
+        ("微微", "稍微", "轻轻", "淡淡", "浅浅", "一点点", "略微", "些许", "轻微"), "slight"
+    ),
+    **dict.fromkeys(("稍稍", "有点", "含蓄", "腼腆", "羞涩"), "slight"),
+    **dict.fromkeys(("大大", "灿烂", "开怀", "哈哈", "露齿", "爽朗", "大声", "使劲"), "big"),
+    **dict.fromkeys(("夸张", "露出牙齿", "露牙", "露出牙", "很大", "用力", "尽情"), "big"),
+    **dict.fromkeys(("甜甜", "甜美", "友好", "亲切"), "plain"),
+}
+ZH_NEGATORS = (
+    "不", "别", "不要", "没有", "没", "不用", "无需", "勿", "停止", "收起", "不再", "别再",
+    "去掉", "去除", "摘掉", "摘下", "摘了", "取下", "拿掉", "删掉", "删除", "移除", "除去",
+    "剃掉", "刮掉", "去了", "取消", "不戴", "别戴", "不需要", "无",
+)  # fmt: skip
+ZH_KEEPERS = (
+    "保留", "保持", "留着", "留下", "维持", "不变", "戴", "戴上", "戴着", "加", "加上", "添加",
+    "带上", "配上", "有", "穿", "留",
+)  # fmt: skip
+ZH_ITEMS = {
+    "眼镜": "glasses", "墨镜": "sunglasses", "太阳镜": "sunglasses", "太阳眼镜": "sunglasses",
+    "胡子": "beard", "胡须": "beard", "络腮胡": "beard", "小胡子": "mustache", "八字胡": "mustache",
+    "帽子": "hat", "耳环": "earrings", "耳钉": "earrings", "项链": "necklace", "口罩": "mask",
+    "面具": "mask", "妆": "makeup", "化妆": "makeup", "妆容": "makeup", "口红": "lipstick",
+    "雀斑": "freckles", "纹身": "tattoo", "围巾": "scarf", "耳机": "headphones", "刘海": "bangs",
+    "皱纹": "wrinkles", "头发": "hair", "发型": "hair", "领带": "tie", "头巾": "headband",
+}  # fmt: skip
+ZH_HAIR = {"短发": "short", "长发": "long", "金发": "blond", "黑发": "black", "红发": "red"}
+ZH_EYES = {
+    **dict.fromkeys(("闭眼", "闭上眼睛", "闭上眼", "闭着眼睛", "闭着眼", "眼睛闭上"), "closed"),
+    **dict.fromkeys(("眼睛闭着", "闭目", "合上眼睛", "闭起眼睛", "闭起眼"), "closed"),
+    **dict.fromkeys(("睁眼", "睁开眼睛", "睁开眼", "睁着眼睛", "睁着眼", "眼睛睁开"), "open"),
+    **dict.fromkeys(("眼睛睁着", "睁大眼睛", "睁大眼", "眼睛睁大"), "open"),
+}
+ZH_MOUTH = {
+    **dict.fromkeys(
+        ("张嘴", "张开嘴", "张开嘴巴", "张着嘴", "张着嘴巴", "张大嘴", "张大嘴巴"), "open"
+    ),
+    **dict.fromkeys(("嘴巴张开", "嘴张开", "嘴巴张着", "嘴张着", "开口", "张口"), "open"),
+    **dict.fromkeys(
+        ("闭嘴", "闭上嘴", "闭上嘴巴", "闭着嘴", "闭着嘴巴", "嘴巴闭上", "合上嘴"), "closed"
+    ),
+    **dict.fromkeys(("嘴巴闭着", "嘴闭上", "抿着嘴", "合着嘴"), "closed"),
+}
+# Eyes and mouth as part + state in either order ("眼睛闭起来", "嘴巴微微张开"); the compound
+# words of ZH_EYES / ZH_MOUTH are read first (longest match).
+ZH_PARTS = {
+    "眼睛": "eyes",
+    "双眼": "eyes",
+    "眼": "eyes",
+    "嘴巴": "mouth",
+    "嘴": "mouth",
+    "嘴唇": "mouth",
+}
+ZH_PART_STATES = {
+    **dict.fromkeys(
+        ("闭", "闭上", "闭起来", "闭着", "闭起", "合上", "合起来", "合拢", "闭紧"), "closed"
+    ),
+    **dict.fromkeys(("睁", "睁开", "睁着", "睁大", "张", "张开", "张着", "张大", "打开"), "open"),
+}
+ZH_LIGHT = {"柔光": "soft", "暖光": "warm", "冷光": "cool", "自然光": "natural", "逆光": "back"}
+ZH_LIGHT_MODS = {
+    "柔和": "soft", "柔": "soft", "柔美": "soft", "影棚": "studio", "摄影棚": "studio",
+    "棚拍": "studio", "工作室": "studio", "自然": "natural", "暖": "warm", "温暖": "warm",
+    "暖色": "warm", "暖黄": "warm", "冷": "cool", "冷色": "cool", "戏剧": "dramatic",
+    "戏剧性": "dramatic", "戏剧化": "dramatic", "电影": "cinematic", "电影感": "cinematic",
+    "明亮": "bright", "昏暗": "dim", "侧": "side", "侧面": "side",
+}  # fmt: skip
+ZH_LIGHT_NOUNS = ("灯光", "光线", "光照", "照明", "打光", "光")
+ZH_STYLES = {"黑白照片": "bw", "黑白照": "bw", "黑白": "bw", "单色": "bw", "黑白色": "bw"}
+ZH_COLOURS = {
+    "白色": "white", "白": "white", "黑色": "black", "灰色": "grey", "蓝色": "blue",
+    "红色": "red", "绿色": "green", "黄色": "yellow", "粉色": "pink", "紫色": "purple",
+}  # fmt: skip
+ZH_BACKGROUND = ("背景", "底色", "白底")
+ZH_AGE = {
+    **dict.fromkeys(("变老", "老一点", "更老", "显老", "老一些", "苍老"), "older"),
+    **dict.fromkeys(("变年轻", "年轻", "年轻一点", "显年轻", "更年轻"), "younger"),
+}
+ZH_FILLERS = (
+    "让", "请", "把", "使", "给", "帮", "帮我", "我", "他", "她", "他们", "她们", "它", "你", "的",
+    "地", "得", "了", "吧", "呢", "啊", "呀", "嘛", "哦", "一下", "一点", "一些", "一个", "一",
+    "个", "下", "很", "非常", "更", "再", "都", "也", "就", "要", "想", "看起来", "看上去", "显得",
+    "变得", "变成", "成", "换成", "改成", "改为", "将", "脸", "脸上", "面部", "表情", "露出",
+    "带着", "面带", "并", "和", "与", "及", "跟", "还有", "照片", "图片", "画面", "先", "算了",
+    "然后", "着", "这个", "那个", "人", "一点儿", "点", "些", "一样", "还是", "样子", "能",
+    "可以", "麻烦", "谢谢", "出来", "起来", "好", "上", "整体",
+    "所有人", "大家", "这张", "图", "模样", "弄", "做", "稍", "吗", "不对", "不行", "用", "拍",
+    "做成", "效果", "风格", "感觉", "一副", "副", "原来", "原本", "里", "里面", "照片里",
+    "图里", "图中", "中", "那", "这", "是", "被", "其", "之", "会", "应该", "需要", "记得",
+)  # fmt: skip
+# Chinese words that join two requests in one clause ("保持中性表情并保留眼镜").
+ZH_CLAUSE_JOINERS = (
+    "然后", "并且", "同时", "而且", "但是", "接着", "之后", "再把", "并(?![不非没])", "不过",
+    "可是", "但(?!是)", "另外", "此外", "还要", "顺便",
+)  # fmt: skip
+
+# Function words of other languages written in Latin letters: an instruction of which nothing
+# was understood and that has some of these (and few English words) reads as another language.
+FOREIGN_FUNCTION_WORDS = frozenset(
+    """
+    le la les des du un une est et il elle vous nous s'il sil plait plaît avec sans pas très
+    el los las por favor que con sin una uno muy sonrie sonríe y es de del al lo
+    der die das und mit nicht bitte ein eine ist ohne sehr ich du er sie wir ihr
+    il lo gli di che per favore con senza non uno molto sorridi
+    o os as um uma não sem com muito sorria você
+    """.split()
+)

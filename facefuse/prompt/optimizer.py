@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from facefuse.core.contract import INSTRUCTION
 from facefuse.core.errors import InvalidInput
 from facefuse.core.limits import check_instruction
-from facefuse.prompt.compress import compress, normalize
+from facefuse.prompt.compress import compress, normalize, split_tags
 from facefuse.prompt.structured import (
     DEFAULT_FACE_NEGATIVE,
+    expression_edit,
     parse_instruction,
     render_attributes,
 )
@@ -64,6 +65,7 @@ class OptimizedPrompt:
             "removed": list(self.removed),
             "canonicalised": [list(pair) for pair in self.canonicalised],
             "warnings": list(self.warnings),
+            "expression_edit": expression_edit(self.attributes),
         }
 
 
@@ -90,23 +92,34 @@ def encode_chunks(tokenizer, text: str, mode: str, warnings: list[str]) -> list[
     return [[bos, *p, eos] + [pad] * (BODY - len(p)) for p in pieces]
 
 
+# The prompt of an instruction that only removes ("remove the glasses", "别笑" is not one): a
+# trained caption that says nothing more (facefuse/train/data.py CAPTIONS "portrait").
+EMPTY_EDIT_PROMPT = "portrait"
+
+
 def _compose(text: str, attributes: dict | None, style: str):
-    """Return (prompt, negatives, attributes, compression) for instruction + attributes."""
+    """Return (prompt, negatives, attributes, compression, warnings) for instruction +
+    attributes. Attribute tags are kept apart by commas."""
     parsed = parse_instruction(text) if text else None
     merged: dict = dict(parsed.attributes) if parsed else {}
     parts: list[str] = []
+    apart: set[str] = set(parsed.apart) if parsed else set()
     negatives: list[str] = list(parsed.negatives) if parsed else []
     if attributes:
         rendered, extra_neg = render_attributes(attributes, style=style)
         if rendered:
             parts.append(normalize(rendered))
+            apart.update(split_tags(parts[-1]))
         negatives += extra_neg
         merged.update(attributes)
     if parsed:
         parts.extend(parsed.clauses)
     source = ", ".join(p for p in parts if p)
-    result = compress(source, normalized=True)  # parts are normalised: once is enough
-    return result.text, negatives, merged, result
+    result = compress(source, normalized=True, apart=apart)  # parts are normalised already
+    if not result.text and merged:
+        result = compress(EMPTY_EDIT_PROMPT)
+    warnings = list(parsed.warnings) if parsed else []
+    return result.text, negatives, merged, result, warnings
 
 
 def optimize_text(text: str) -> str:
@@ -147,14 +160,13 @@ def optimize(
         text = ""
     else:
         text = check_instruction(instruction)
-    prompt, negatives, merged, result = _compose(text, attributes, style)
+    prompt, negatives, merged, result, warnings = _compose(text, attributes, style)
     if not prompt:
         raise InvalidInput(INSTRUCTION.name, "has no describable content after optimisation")
     negative = DEFAULT_NEGATIVE if negative_prompt is None else negative_prompt.strip()
     for item in negatives:
         if item not in negative.split(", "):
             negative = f"{negative}, {item}" if negative else item
-    warnings: list[str] = []
     sent = with_template(template, prompt)
     prompt_ids = encode_chunks(tokenizer, sent, overflow, warnings)
     negative_ids = encode_chunks(tokenizer, negative, "chunk", [])

@@ -7,9 +7,29 @@ lighting``), anything else as ``key:value`` (``age:35``). ``False`` moves the it
 negative prompt (``glasses=False`` -> negative ``glasses``). No attribute is ever dropped:
 :func:`render_attributes` checks that each value's words are in the result.
 
-:func:`parse_instruction` maps the edit language of a ``facefusion`` INSTRUCTION ("make her
-smile, keep the glasses, studio light") to attributes; clauses it does not understand are
-kept verbatim for the compressor, never discarded.
+:func:`parse_instruction` maps the edit language of a ``facefusion`` INSTRUCTION, English or
+Chinese ("make her smile, keep the glasses, studio light", "让他微笑，保留眼镜") to attributes
+(:mod:`facefuse.prompt.understand` reads each clause); clauses it does not understand are kept
+verbatim for the compressor, never discarded. A later clause overrides an earlier one ("smile,
+don't smile" -> neutral expression) and a warning says so.
+
+Canonical face-edit values (the words the text tower was trained on, and what
+:func:`expression_edit` turns into the face warp's parameters):
+
+* ``expression``: "slight smile", "smiling", "big smile", "neutral expression" or "open mouth";
+  a negated smile ("don't smile", "stop smiling", "别笑") is "neutral expression";
+* ``mouth``: "open" or "closed", only next to a smile or a neutral expression ("smile with an
+  open mouth" -> ``expression: "smiling", mouth: "open"``); an open mouth alone is
+  ``expression: "open mouth"``;
+* ``eyes``: "closed" or "open" (or a colour: "keep his blue eyes" -> "blue");
+* items (glasses, beard, hat ...) and ``hair``: True to keep or add, False to remove (the item
+  goes to the negative prompt), or a qualifier ("round" glasses);
+* ``lighting`` ("soft studio", "natural" ...), ``style`` ("black and white"), ``background``,
+  ``age`` ("older", "younger" or years); ``mood`` for other moods ("surprised").
+
+In the prompt, slight smile and smiling are written "smiling" (the trained caption), big smile
+"big smile", lighting "<value> light", black and white "black and white photo"; each attribute
+is its own comma-separated tag.
 """
 
 from __future__ import annotations
@@ -18,7 +38,16 @@ import re
 from dataclasses import dataclass, field
 
 from facefuse.core.errors import InvalidInput
+from facefuse.prompt import lexicon as lx
 from facefuse.prompt.compress import normalize, split_tags
+from facefuse.prompt.understand import (
+    ClauseReading,
+    Event,
+    has_chinese,
+    read_clause,
+    resolve,
+    unknown_language,
+)
 
 DEFAULT_FACE_NEGATIVE = "blurry, deformed eyes, asymmetrical face, lowres, bad anatomy"
 
@@ -29,6 +58,8 @@ ORDER = (
     "gender",
     "ethnicity",
     "expression",
+    "mouth",
+    "mood",
     "pose",
     "gaze",
     "hair",
@@ -47,7 +78,7 @@ ORDER = (
 )
 # key -> noun written after the value ("soft studio" + " lighting").
 NOUN_KEYS = {
-    "lighting": "lighting",
+    "lighting": "light",
     "hair": "hair",
     "eyes": "eyes",
     "background": "background",
@@ -57,6 +88,8 @@ NOUN_KEYS = {
     "clothing": "",
     "style": "style",
     "expression": "",
+    "mood": "",
+    "mouth": "mouth",
     "pose": "",
     "identity": "",
     "accessories": "",
@@ -66,7 +99,20 @@ NOUN_KEYS = {
     "gender": "",
     "age": "",
 }
-_NOUN_SYNONYMS = {"lighting": ("light", "lighting", "lit", "lights")}
+_NOUN_SYNONYMS = {"light": ("light", "lighting", "lit", "lights")}
+# Canonical values written in the trained captions' words (facefuse/train/data.py CAPTIONS).
+CANONICAL_TEXT = {
+    ("expression", lx.SLIGHT_SMILE): "smiling",
+    ("expression", lx.SMILING): "smiling",
+    ("expression", lx.BIG_SMILE): "big smile",
+    ("expression", lx.NEUTRAL): "neutral expression",
+    ("expression", lx.OPEN_MOUTH): "open mouth",
+    ("mouth", "open"): "open mouth",
+    ("mouth", "closed"): "closed mouth",
+    ("eyes", "open"): "open eyes",
+    ("eyes", "closed"): "closed eyes",
+    ("style", lx.BLACK_AND_WHITE): "black and white photo",
+}
 
 # Items that are present or absent (True/False attributes).
 ITEMS = (
@@ -146,6 +192,7 @@ _MOODS = (
     "playful",
     "mysterious",
 )
+ITEM_KEYS = frozenset(ITEMS) | frozenset(lx.EN_ITEMS.values()) | frozenset(lx.ZH_ITEMS.values())
 _ITEM_RE = "|".join(sorted((re.escape(i) for i in ITEMS), key=len, reverse=True))
 _WHO = r"(?:him|her|them|the (?:person|man|woman|girl|boy|subject|face)|it|me|us)"
 
@@ -223,10 +270,17 @@ EDIT_VERBS = frozenset(
     "make keep add give put remove delete take drop lose get change set turn let use please".split()
 )
 _CLAUSE_AND = re.compile(
-    r"\b(?:and then|then|also|and (?=(?:please )?(?:make|keep|add|remove|give|put|change|turn|"
-    r"use|set|let|take|delete|drop|get rid)\b))",
+    r"\b(?:and then|then|also|(?:and|but) (?=(?:please )?(?:make|keep|add|remove|give|put|change|"
+    r"turn|use|set|let|take|delete|drop|get rid|close|open|shut|stop|don't|dont|do not|no|"
+    r"smile|laugh|grin|look|wear|without)\b))",
     re.IGNORECASE,
 )
+_ZH_JOIN = re.compile("|".join(lx.ZH_CLAUSE_JOINERS))
+# rule kinds whose whole-clause match is taken before the lexicon reads the clause
+_NOUN_KINDS = frozenset(
+    {"noun_change", "lighting", "hair", "background", "style", "age", "age_rel"}
+)
+_EYE_STATE_WORDS = frozenset("open opened close closed closing shut".split())
 
 
 def _words(text: str) -> list[str]:
@@ -240,13 +294,18 @@ class ParsedInstruction:
     Clauses are normalised (:func:`~facefuse.prompt.compress.normalize`), ready for
     ``compress(..., normalized=True)``.
 
-    ``clauses`` holds each recognised clause rendered from its attribute ("make her smile" ->
-    "smiling") and each unrecognised clause verbatim; ``negatives`` the removed items.
+    ``clauses`` holds each understood clause rendered from its attributes ("make her smile" ->
+    "smiling"), each descriptive clause matched by a rule as written ("studio light"), and
+    each clause not (fully) understood verbatim; ``apart`` the clauses that are attributes
+    (kept apart by commas in the prompt); ``negatives`` the removed items; ``warnings`` the
+    contradictions resolved and what was not understood.
     """
 
     attributes: dict = field(default_factory=dict)
     clauses: list[str] = field(default_factory=list)
     negatives: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    apart: list[str] = field(default_factory=list)
 
 
 _FIRST_WORDS = frozenset(
@@ -257,7 +316,8 @@ _FIRST_WORDS = frozenset(
 _LAST_WORDS = frozenset("light lighting lights lit hair eyes background style".split())
 
 
-def _match_clause(clause: str) -> tuple[str, object] | None:
+def _match_clause(clause: str) -> tuple[str, str, object] | None:
+    """(rule kind, key, value) of the first rule that matches the whole clause, or None."""
     words = clause.split()
     if not words or not (
         words[0] in _FIRST_WORDS
@@ -271,54 +331,175 @@ def _match_clause(clause: str) -> tuple[str, object] | None:
         if match is None:
             continue
         if match["v"] is None:
-            return kind, True
+            return kind, kind, True
         value = match["v"].strip()
         if " with " in f" {value} ":
             return None  # "a woman with red hair": the value would swallow the subject
         if kind == "noun_change":
-            return _NOUNS[match["k"]], value
+            return kind, _NOUNS[match["k"]], value
         if kind == "expression_verb":
-            return "expression", _EXPRESSION_VERBS[value]
+            return kind, "mood", _EXPRESSION_VERBS[value]
         if kind == "mood":
-            return "expression", value
+            return kind, "mood", value
         if kind == "age_rel":
-            return "age", value
+            return kind, "age", value
         if kind in ("item_on", "item_off"):
             noun = "bow tie" if value.endswith("bow tie") else value.split()[-1]
             qualifier = value[: -len(noun)].strip()
             if kind == "item_off":
-                return noun, False
-            return noun, qualifier or True
+                return kind, noun, False
+            return kind, noun, qualifier or True
         if kind == "age":
-            return "age", int(value)
-        return kind, value
+            return kind, "age", int(value)
+        return kind, kind, value
     return None
 
 
+def split_clauses(text: str) -> list[str]:
+    """Normalised clauses of an instruction: commas, sentence ends, "and then", "然后" ..."""
+    text = _CLAUSE_AND.sub(",", text)
+    if has_chinese(text):
+        text = _ZH_JOIN.sub(",", text)
+    return split_tags(normalize(text))
+
+
+def _read(clause: str) -> tuple[ClauseReading, bool]:
+    """Read one clause: ``(reading, descriptive)``; ``descriptive`` marks a rule match that is
+    kept as written in the prompt ("studio light", "no glasses": no edit verb)."""
+    found = _match_clause(clause)
+    eye_state = (
+        found is not None
+        and found[1] == "eyes"
+        and not _EYE_STATE_WORDS.isdisjoint(str(found[2]).split())
+    )
+    descriptive = clause.split(" ", 1)[0] not in EDIT_VERBS
+    if found is not None and found[0] in _NOUN_KINDS and not eye_state:
+        return ClauseReading(clause, [Event(found[1], found[2])]), descriptive
+    reading = read_clause(clause)
+    if not reading.events and found is not None and not eye_state:
+        # a mood ("make him look surprised") or an item the lexicon does not list
+        return ClauseReading(clause, [Event(found[1], found[2])]), descriptive
+    if reading.events and reading.residue and not has_chinese(clause):
+        rest = _match_clause(" ".join(reading.residue))  # "big smile under soft light"
+        if rest is not None and rest[0] in _NOUN_KINDS:
+            reading.events.append(Event(rest[1], rest[2], order=len(clause)))
+            reading.residue = []
+    return reading, False
+
+
 def parse_instruction(text: str) -> ParsedInstruction:
-    """Map an edit instruction to attributes; unparsed clauses are kept verbatim, in order."""
+    """Map an edit instruction (English, Chinese or both) to attributes.
+
+    Understood clauses are rendered from the final attributes, in the words the model was
+    trained on; clauses not (fully) understood are kept verbatim, in order (a Chinese one after
+    the English rendering of what it asked for: the text tower reads English only). A later
+    clause wins over an earlier one, with a warning; an instruction of which nothing was read
+    in a language the parser does not know gets a warning and is passed on as written.
+    """
     parsed = ParsedInstruction()
-    for clause in split_tags(normalize(_CLAUSE_AND.sub(",", text))):
-        found = _match_clause(clause)
-        if found is None:
-            parsed.clauses.append(clause)
-            continue
-        key, value = found
-        if key in parsed.attributes and parsed.attributes[key] != value:
-            old = parsed.attributes[key]
-            parsed.attributes[key] = f"{old}, {value}" if value is not False else old
+    clauses = split_clauses(text)
+    readings: list[tuple[ClauseReading, bool]] = []
+    events: list[Event] = []
+    for index, clause in enumerate(clauses):
+        reading, descriptive = _read(clause)
+        for event in reading.events:
+            event.clause = index
+        events.extend(reading.events)
+        readings.append((reading, descriptive))
+    attributes, decided, warnings = resolve(events, clauses)
+    parsed.attributes = attributes
+    parsed.warnings = warnings
+    parsed.negatives = [k for k, v in attributes.items() if v is False]
+    described: list[str] = []
+    by_clause: dict[int, list[str]] = {}
+    for key, event in decided.items():
+        if event.value is not False:
+            by_clause.setdefault(event.clause, []).append(key)
+    for index, (reading, descriptive) in enumerate(readings):
+        keys = sorted(by_clause.get(index, []), key=_order_key)
+        rendered = [_render_one(k, attributes[k]) for k in keys]  # from normalised text
+        for event in reading.events:  # "dark hair, long flowing hair": both describe
+            if event.key not in keys and not _single_valued(event.key) and event.value:
+                rendered.append(_render_one(event.key, event.value))
+        if reading.understood and descriptive:
+            parsed.clauses.append(reading.text)  # as written: "studio light", "red hair"
+            described.append(reading.text)
+        elif reading.understood:
+            parsed.clauses.extend(rendered)
+            parsed.apart.extend(rendered)
         else:
-            parsed.attributes[key] = value
-        if value is False:
-            parsed.negatives.append(key)
-        if clause.split(" ", 1)[0] not in EDIT_VERBS:
-            parsed.clauses.append(clause)  # descriptive already ("no glasses", "ring light")
-        elif value is not False:
-            parsed.clauses.append(_render_one(key, value))
+            if has_chinese(reading.text):  # the text tower reads English only
+                said = set(_words(reading.text))
+                extra = [r for r in rendered if not set(_words(r)) <= said]
+                parsed.clauses.extend(extra)
+                parsed.apart.extend(extra)
+            parsed.clauses.append(reading.text)
+            if reading.events and has_chinese(reading.text):
+                parsed.warnings.append(
+                    f"not understood in {reading.text!r}: {''.join(reading.residue)!r}; "
+                    "kept as written"
+                )
+    if parsed.apart:  # an edit instruction: its descriptive attributes are tags of their own
+        parsed.apart.extend(described)  # (a description alone keeps the compact join)
+    if not events:
+        why = unknown_language(text)
+        if why is not None:
+            parsed.warnings.append(
+                f"nothing in the instruction was understood ({why}; the parser reads English "
+                "and Chinese): it is passed on as written and no face edit is applied"
+            )
+    else:
+        for reading, _ in readings:
+            why = None if reading.events else unknown_language(reading.text)
+            if why is not None:
+                parsed.warnings.append(f"not understood ({why}): {reading.text!r}")
     return parsed
 
 
+def _single_valued(key: str) -> bool:
+    """Keys of the face edit, where a later clause replaces an earlier one in the prompt too
+    (expression, mouth, eyes, style, items); other keys (lighting, hair ...) may describe twice."""
+    return key in ("expression", "mouth", "eyes", "style", "age") or key in ITEM_KEYS
+
+
+def _order_key(key: str) -> int:
+    return ORDER.index(key) if key in ORDER else len(ORDER)
+
+
+def _canonical_expression(value) -> str | None:
+    """A canonical expression for an attribute value ("laughing" -> "big smile"), or None."""
+    if not isinstance(value, str):
+        return None
+    if value in lx.EXPRESSIONS:
+        return value
+    found = parse_instruction(value).attributes.get("expression")
+    return found if found in lx.EXPRESSIONS else None
+
+
+def expression_edit(attributes: dict) -> dict:
+    """The face warp's parameters for an attribute dict: ``{"reset", "smile", "mouth_open"}``.
+
+    ``smile``: 0.5 for a slight smile, 1.0 for smiling, 1.5 for a big smile, else 0.0;
+    ``reset``: True for a neutral expression (a negated smile), which undoes A's own smile;
+    ``mouth_open``: 1.0 for ``expression: "open mouth"`` or ``mouth: "open"``, else 0.0.
+    Nothing asked gives ``{"reset": False, "smile": 0.0, "mouth_open": 0.0}``. A value that is
+    not canonical is read like an instruction ("laughing" -> big smile). Pure: no I/O, no state.
+    """
+    expression = _canonical_expression(attributes.get("expression"))
+    mouth = attributes.get("mouth")
+    return {
+        "reset": expression == lx.NEUTRAL,
+        "smile": SMILE_STRENGTH.get(expression, 0.0),
+        "mouth_open": 1.0 if expression == lx.OPEN_MOUTH or mouth == "open" else 0.0,
+    }
+
+
+SMILE_STRENGTH = {lx.SLIGHT_SMILE: 0.5, lx.SMILING: 1.0, lx.BIG_SMILE: 1.5}
+
+
 def _render_one(key: str, value) -> str:
+    if isinstance(value, str) and (key, value) in CANONICAL_TEXT:
+        return CANONICAL_TEXT[(key, value)]
     noun = NOUN_KEYS.get(key)
     if value is True:
         return key
@@ -334,6 +515,15 @@ def _render_one(key: str, value) -> str:
     if any(w in _words(text) for w in _NOUN_SYNONYMS.get(noun, (noun,))):
         return text
     return f"{text} {noun}"
+
+
+def _said(key: str, value) -> str:
+    """The words a rendered attribute must show: its value, or its canonical caption."""
+    if value is True:
+        return key
+    if isinstance(value, str) and (key, value) in CANONICAL_TEXT:
+        return CANONICAL_TEXT[(key, value)]
+    return str(value)
 
 
 def render_attributes(attributes: dict, *, style: str = "compact") -> tuple[str, list[str]]:
@@ -370,8 +560,7 @@ def render_attributes(attributes: dict, *, style: str = "compact") -> tuple[str,
         k
         for k in keys
         if attributes[k] not in (False, None, "")
-        and not set(_words(str(attributes[k]) if attributes[k] is not True else k))
-        <= set(_words(prompt))
+        and not set(_words(_said(k, attributes[k]))) <= set(_words(prompt))
     ]
     if missing:  # cannot happen with the rules above; guards future edits
         raise RuntimeError(f"attributes lost while rendering: {missing}")
