@@ -37,10 +37,24 @@ def register(subparsers) -> None:
 
     e = subparsers.add_parser(
         "prompt-eval",
-        help="measure token reduction, over-77 share, meaning and retention on a prompt file",
-        description="Evaluate the prompt engine on a UTF-8 file with one prompt per line.",
+        help="measure token reduction, over-77 share, meaning and retention on a prompt file; "
+        "with --instructions, instruction understanding per language on labelled files",
+        description="Evaluate the prompt engine on a UTF-8 file with one prompt per line, or "
+        "(--instructions) on JSONL files of labelled instructions "
+        '({"text": ..., "lang": "en", "attributes": {...}} per line).',
     )
-    e.add_argument("file", help="UTF-8 text file, one prompt per line")
+    e.add_argument(
+        "file",
+        nargs="*",
+        help="UTF-8 text file, one prompt per line; with --instructions, labelled JSONL files "
+        "(default: the packaged dev set and the three held-out sets)",
+    )
+    e.add_argument(
+        "--instructions",
+        action="store_true",
+        help="score instruction understanding: share of attributes right and of instructions "
+        "fully right, per language",
+    )
     e.add_argument("--json", action="store_true", help="print the summary as JSON")
     e.add_argument(
         "--no-similarity",
@@ -99,7 +113,11 @@ def _prompt(args) -> int:
 def _prompt_eval(args) -> int:
     from facefuse.prompt.evaluate import evaluate, load_prompts
 
-    prompts = load_prompts(args.file)
+    if args.instructions:
+        return _instruction_eval(args)
+    if len(args.file) != 1:
+        raise InvalidInput("FILE", "give one prompt file (several only with --instructions)")
+    prompts = load_prompts(args.file[0])
     summary, results = evaluate(prompts, _tokenizer(), similarity=not args.no_similarity)
     if args.json:
         print(json.dumps(summary.as_dict(), indent=2))
@@ -131,3 +149,28 @@ def _prompt_eval(args) -> int:
 
 def _fmt(value: float | None) -> str:
     return "n/a (--no-similarity)" if value is None else f"{value:.3f}"
+
+
+def _instruction_eval(args) -> int:
+    from pathlib import Path
+
+    from facefuse.prompt.evaluate import INSTRUCTION_SETS, load_labelled, score_instructions
+
+    files = [Path(f) for f in args.file] or list(INSTRUCTION_SETS)
+    report: dict = {}
+    misses_all = []
+    for path in files:
+        scores, misses = score_instructions(load_labelled(path))
+        report[path.name] = {lang: score.as_dict() for lang, score in scores.items()}
+        misses_all += [(path.name, m) for m in misses]
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+    else:
+        print(f"{'set':<28}{'lang':<7}{'n':>4}  {'attributes right':<22}instructions fully right")
+        for name, langs in report.items():
+            for lang, s in langs.items():
+                right = f"{s['attributes_right']}/{s['attributes_total']} {s['attributes']:.1%}"
+                print(f"{name:<28}{lang:<7}{s['count']:>4}  {right:<22}{s['instructions']:.1%}")
+    for name, miss in misses_all[: args.worst]:
+        print(f"{name}: {miss.text!r} expected {miss.expected} got {miss.found}", file=sys.stderr)
+    return 0
