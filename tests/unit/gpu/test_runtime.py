@@ -174,6 +174,8 @@ def test_graph_runner_is_eager_on_cpu_tensors():
 
 
 def test_served_assembly_writes_a_torch_repository(tmp_path):
+    from facefuse.export import configs
+
     from facefuse.gpu import served
 
     repo = tmp_path / "repo"
@@ -181,13 +183,44 @@ def test_served_assembly_writes_a_torch_repository(tmp_path):
     argv += ["--device", "cpu", "--dtype", "float32", "--no-graphs", "--image", "64"]
     argv += ["--instances", "3", "--queue-delay-us", "2000", "--preferred", "8,16"]
     assert served.main([*argv, "--unet-graph-batches", "2,16"]) == 0
-    unet = (repo / "unet" / "config.pbtxt").read_text()
-    assert 'key: "runtime", value: { string_value: "torch-cpu" }' in unet
-    assert "preferred_batch_size: [ 8, 16 ] max_queue_delay_microseconds: 2000" in unet
-    assert 'string_value: "2,16"' in unet
-    assert "count: 3" in (repo / "img2img" / "config.pbtxt").read_text()
+    unet = configs.read(repo / "unet" / "config.pbtxt")  # a valid ModelConfig
+    assert configs.get_parameter(unet, "runtime") == "torch-cpu"
+    assert configs.get_parameter(unet, "cuda_graphs") == "false"
+    assert configs.get_parameter(unet, "graph_batch_sizes") == "2,16"
+    assert list(unet.dynamic_batching.preferred_batch_size) == [8, 16]
+    assert unet.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert [t.name for t in unet.input] == ["sample", "timestep", "encoder_hidden_states"]
+    img2img = configs.read(repo / "img2img" / "config.pbtxt")
+    assert img2img.instance_group[0].count == 3 and img2img.name == "img2img"
+    assert configs.get_parameter(img2img, "scheduler") == "dpm++"
     for name in served.TORCH_MODELS:
         assert (repo / name / "1" / "model.py").is_file()
+        config = configs.read(repo / name / "config.pbtxt")
+        assert config.name == name and configs.get_parameter(config, "device") == "cpu"
+
+
+def test_served_config_edits_survive_what_a_regex_would_not():
+    from facefuse.gpu import served
+
+    text = (
+        'name: "unet"  # a comment with { braces }\n'
+        "dynamic_batching {\n  preferred_batch_size: [ 4 ]\n  max_queue_delay_microseconds: 9\n}\n"
+        'parameters {\n  key: "runtime"\n  value { string_value: "torch-cuda" }\n}\n'
+    )
+    config = served.parse_config(text)
+    served.set_parameter(config, "runtime", "torch-cpu")
+    served.set_parameter(config, "dtype", "float32")
+    served.set_batching(config, 0, [])
+    again = served.parse_config(served.config_text(config))
+    assert dict((k, v.string_value) for k, v in again.parameters.items()) == {
+        "runtime": "torch-cpu",
+        "dtype": "float32",
+    }
+    assert again.HasField("dynamic_batching")  # on, with Triton's defaults
+    assert list(again.dynamic_batching.preferred_batch_size) == []
+    assert again.dynamic_batching.max_queue_delay_microseconds == 0
+    with pytest.raises(Exception, match="instance_groups"):
+        served.parse_config('name: "x"\ninstance_groups [ { count: 1 } ]\n')  # misspelt
 
 
 def test_http_binary_encoding_round_trip():
