@@ -433,6 +433,9 @@ EN_SMILE_WORDS = {
     **dict.fromkeys(("joyful", "joyous", "glad", "merry", "cheery", "cheer up"), SMILING),
     **dict.fromkeys(("laugh", "laughs", "laughing", "laughed", "beam", "beams"), BIG_SMILE),
     **dict.fromkeys(("beaming", "beamed", "laughter", "chuckle", "chuckling"), BIG_SMILE),
+    **dict.fromkeys(("giggle", "giggles", "giggling", "delighted", "overjoyed"), BIG_SMILE),
+    **dict.fromkeys(("ecstatic", "thrilled", "crack up", "cracking up"), BIG_SMILE),
+    **dict.fromkeys(("pleased", "amused", "content", "frown upside down"), SMILING),
     **dict.fromkeys(("smirk", "smirks", "smirking", "half-smile"), SLIGHT_SMILE),
 }
 EN_NEUTRAL_WORDS = (
@@ -449,6 +452,9 @@ EN_SMILE_MODS = {
         ("gentle", "gently", "soft", "softly", "hint", "tiny", "half", "mild", "mildly"), "slight"
     ),
     **dict.fromkeys(("barely", "bit", "touch", "shy", "shyly", "closed-mouth", "tight"), "slight"),
+    **dict.fromkeys(("modest", "closed-lip", "closed-lipped", "tight-lipped", "less"), "slight"),
+    **dict.fromkeys(("closed mouth", "closed lips", "subtler", "smaller", "softer"), "slight"),
+    **dict.fromkeys(("teeth", "with teeth", "showing teeth", "open-mouthed"), "big"),
     **dict.fromkeys(("big", "bigger", "biggest", "broad", "broadly", "wide", "widely"), "big"),
     **dict.fromkeys(("wider", "huge", "large", "toothy", "giant", "enormous", "massive"), "big"),
     **dict.fromkeys(("more", "ear to ear", "full", "radiant", "hearty"), "big"),
@@ -494,6 +500,7 @@ BLACK_AND_WHITE = "black and white"
 EN_FILLERS = frozenset(
     """
     please pls plz kindly make makes making let lets look looks looking appear appears seem face
+    wait hmm fine instead
     faces expression expressions actually instead again now rather really try just also then
     everyone everybody could would you want wants like i person subject ok okay sure be being
     become turn get going go thanks thank can should will set put on off up out lot much very
@@ -515,9 +522,10 @@ EN_STATE_PATTERNS = (
     (rf"\b(?:eyes?|eyelids?) {_GAP}(?:closed|shut)\b", "eyes_closed"),
     (rf"\b{_OPEN} {_POSS}(?:wide |big )?eyes?\b", "eyes_open"),
     (rf"\beyes? {_GAP}open(?:ed)?\b|\bwide[- ]eyed\b", "eyes_open"),
-    (rf"\b{_CLOSE} {_POSS}(?:mouth|lips)\b|\bclosed[- ]mouth(?:ed)?\b", "mouth_closed"),
+    (r"\bblink(?:s|ing)?\b", "eyes_closed"),
+    (rf"\b{_CLOSE} {_POSS}(?:mouth|lips)\b", "mouth_closed"),
     (rf"\b(?:mouth|lips) {_GAP}(?:closed|shut|together)\b", "mouth_closed"),
-    (rf"\b{_OPEN} {_POSS}(?:wide )?mouth\b|\bopen[- ]mouthed\b", "mouth_open"),
+    (rf"\b{_OPEN} {_POSS}(?:wide )?mouth\b|\blips (?:\w+ )?parted\b|\bparted lips\b", "mouth_open"),
     (rf"\bmouth {_GAP}(?:open(?:ed)?|agape)\b|\bjaw dropped\b", "mouth_open"),
 )
 # age words read anywhere in a clause ("younger and happier")
@@ -544,11 +552,15 @@ ZH_SMILE_WORDS = {
         ("大笑", "开怀大笑", "哈哈大笑", "咧嘴笑", "咧嘴", "露齿笑", "露齿而笑"), BIG_SMILE
     ),
     **dict.fromkeys(("欢笑", "狂笑", "爽朗地笑", "捧腹大笑", "笑开怀", "笑哈哈"), BIG_SMILE),
+    **dict.fromkeys(
+        ("笑出声", "笑出声来", "笑得合不拢嘴", "乐开了花", "乐开花", "笑弯了腰"), BIG_SMILE
+    ),
 }
 ZH_NEUTRAL_WORDS = (
     "中性表情", "中性的表情", "中性", "面无表情", "无表情", "没有表情", "不带表情", "严肃",
     "平静", "冷静", "淡定", "正经", "一本正经", "扑克脸", "冷漠", "不苟言笑", "自然表情",
-    "平淡", "木讷", "表情中性",
+    "平淡", "木讷", "表情中性", "板着脸", "绷着脸", "冷着脸", "表情收一收", "收敛表情",
+    "收起表情", "表情收敛",
 )  # fmt: skip
 ZH_SMILE_MODS = {
     **dict.fromkeys(
@@ -557,12 +569,14 @@ ZH_SMILE_MODS = {
     **dict.fromkeys(("稍稍", "有点", "含蓄", "腼腆", "羞涩"), "slight"),
     **dict.fromkeys(("大大", "灿烂", "开怀", "哈哈", "露齿", "爽朗", "大声", "使劲"), "big"),
     **dict.fromkeys(("夸张", "露出牙齿", "露牙", "露出牙", "很大", "用力", "尽情"), "big"),
+    **dict.fromkeys(("合不拢嘴", "出声", "放声"), "big"),
     **dict.fromkeys(("甜甜", "甜美", "友好", "亲切"), "plain"),
 }
 ZH_NEGATORS = (
     "不", "别", "不要", "没有", "没", "不用", "无需", "勿", "停止", "收起", "不再", "别再",
     "去掉", "去除", "摘掉", "摘下", "摘了", "取下", "拿掉", "删掉", "删除", "移除", "除去",
-    "剃掉", "刮掉", "去了", "取消", "不戴", "别戴", "不需要", "无",
+    "剃掉", "刮掉", "去了", "取消", "不戴", "别戴", "不需要", "无", "摘", "剃", "刮", "删",
+    "收一收", "收敛", "收住", "收起来",
 )  # fmt: skip
 ZH_KEEPERS = (
     "保留", "保持", "留着", "留下", "维持", "不变", "戴", "戴上", "戴着", "加", "加上", "添加",

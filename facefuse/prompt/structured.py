@@ -280,6 +280,7 @@ _ZH_JOIN = re.compile("|".join(lx.ZH_CLAUSE_JOINERS))
 _NOUN_KINDS = frozenset(
     {"noun_change", "lighting", "hair", "background", "style", "age", "age_rel"}
 )
+_POLITE_END = re.compile(r"(?: please| pls| plz| thanks| thank you)+$")
 _EYE_STATE_WORDS = frozenset("open opened close closed closing shut".split())
 
 
@@ -366,7 +367,7 @@ def split_clauses(text: str) -> list[str]:
 def _read(clause: str) -> tuple[ClauseReading, bool]:
     """Read one clause: ``(reading, descriptive)``; ``descriptive`` marks a rule match that is
     kept as written in the prompt ("studio light", "no glasses": no edit verb)."""
-    found = _match_clause(clause)
+    found = _match_clause(_POLITE_END.sub("", clause))  # "warm lighting please"
     eye_state = (
         found is not None
         and found[1] == "eyes"

@@ -114,9 +114,12 @@ ZH_MAX = max(len(k) for k in ZH_TABLE)
 _STATE_RES = tuple((re.compile(p), token) for p, token in lx.EN_STATE_PATTERNS)
 _EN_POST_MODS = frozenset(
     "slightly bit little more widely broadly softly gently faintly subtly shyly warmly".split()
-) | {"ear to ear"}
+) | {"ear to ear", "with teeth", "showing teeth", "teeth"}
 _EN_POST_REMOVE = frozenset({"removed", "off", "gone", "away"})
 REFERENCE = "<previous item>"  # key of "keep them": resolved to the last item named
+NEGATE_PREVIOUS = "<negate previous>"  # "smile. no, don't": the clause before, negated
+STRENGTH_PREVIOUS = "<smile strength>"  # "grin, wait, make it subtle": the smile before
+_BARE_NEGATORS = frozenset({"don't", "dont", "do not", "not", "never", "不要", "别", "不"})
 _ITEM_KEYS = frozenset(lx.EN_ITEMS.values()) | frozenset(lx.ZH_ITEMS.values())
 # a clause that starts with one of these is an edit request: its person nouns are the target
 _EDIT_START = frozenset("make let give please can could would keep have get turn put show".split())
@@ -204,8 +207,6 @@ def read_english(text: str) -> ClauseReading:
             reading.events.append(Event("age", value, order=offset))
         elif kind == "ref" and verb and last_item is None and reference is None:
             reference = (i, Event(REFERENCE, flips % 2 == 0, order=offset))
-            flips = 0
-            verb = False
         elif kind in ("smile", "neutral", "state", "item", "style"):
             positive = flips % 2 == 0
             used.add(i)
@@ -261,6 +262,8 @@ def read_english(text: str) -> ClauseReading:
     if reference is not None and not reading.events:
         used.add(reference[0])  # "actually keep them": the item named last, in a past clause
         reading.events.append(reference[1])
+    if not reading.events:
+        _follow_up(tokens, used, reading)
     for i, (kind, _, word, _) in enumerate(tokens):
         if i in used or kind in ("filler", "keep", "neg"):
             continue
@@ -270,6 +273,29 @@ def read_english(text: str) -> ClauseReading:
             continue
         reading.residue.append(word)
     return reading
+
+
+def _follow_up(tokens, used: set[int], reading: ClauseReading) -> None:
+    """A clause with no target of its own that amends the one before: only a negator
+    ("no, don't", "不要") negates it, only a smile strength ("make it subtle", "bigger")
+    changes the smile's; a verb alone ("还是留着吧") keeps or removes the item named last."""
+    kinds = [t[0] for t in tokens]
+    if any(k not in ("filler", "neg", "keep", "mod", "word", "ref") for k in kinds):
+        return
+    words = [t[2] for t in tokens if t[0] == "word"]
+    mods = [i for i, t in enumerate(tokens) if t[0] == "mod" and t[1] in ("slight", "big")]
+    negs = [t[2] for t in tokens if t[0] == "neg"]
+    offset = tokens[0][3] if tokens else 0
+    if words:
+        return
+    if mods and not negs:
+        used.update(mods)
+        strength = "big" if any(tokens[i][1] == "big" for i in mods) else "slight"
+        reading.events.append(Event(STRENGTH_PREVIOUS, strength, order=offset))
+    elif negs and not mods and any(n in _BARE_NEGATORS for n in negs) and len(negs) % 2:
+        reading.events.append(Event(NEGATE_PREVIOUS, True, order=offset))
+    elif "keep" in kinds and not mods:
+        reading.events.append(Event(REFERENCE, len(negs) % 2 == 0, order=offset))
 
 
 def _post_mods(tokens, i: int, used: set[int]) -> list[int]:
@@ -455,6 +481,8 @@ def read_chinese(text: str) -> ClauseReading:
         if event is not None:
             reading.events.append(event)
     _trailing_negation(tokens, bare, smiles)
+    if not reading.events:
+        _follow_up(tokens, used, reading)
     if light_nouns and not any(e.key == "lighting" for e in reading.events):
         mods = [j for j in light_mods if j not in used and j > light_nouns[0]]
         if mods:
@@ -519,6 +547,40 @@ def _describe(event: Event) -> str:
     return f"{event.key}: {event.value}"
 
 
+def _amend(events: list[Event]) -> list[Event]:
+    """Resolve the follow-up events against the events before them: "keep them" (the item
+    named last), "don't" (the last event negated), "make it subtle" (the last smile's
+    strength); a follow-up with nothing before it is dropped."""
+    out: list[Event] = []
+    for event in events:
+        if event.key == REFERENCE:
+            items = [e for e in out if e.key in _ITEM_KEYS]
+            if items:
+                out.append(Event(items[-1].key, event.value, event.clause, event.order))
+        elif event.key == NEGATE_PREVIOUS:
+            negated = _negated(out[-1]) if out else None
+            if negated is not None:
+                out.append(Event(negated.key, negated.value, event.clause, event.order))
+        elif event.key == STRENGTH_PREVIOUS:
+            smiles = [e for e in out if e.key == "expression"]
+            if smiles and smiles[-1].value in lx.SMILES:
+                value = lx.BIG_SMILE if event.value == "big" else lx.SLIGHT_SMILE
+                out.append(Event("expression", value, event.clause, event.order))
+        else:
+            out.append(event)
+    return out
+
+
+def _negated(event: Event) -> Event | None:
+    if event.key == "expression":
+        return Event("expression", lx.NEUTRAL) if event.value in lx.SMILES else None
+    if event.key in ("eyes", "mouth") and event.value in _FLIP_STATE:
+        return Event(event.key, _FLIP_STATE[str(event.value)])
+    if event.key in _ITEM_KEYS:
+        return Event(event.key, event.value is False)
+    return None
+
+
 def resolve(events: list[Event], sources: list[str]) -> tuple[dict, dict[str, Event], list[str]]:
     """Fold events in order: ``(attributes, deciding event per key, warnings)``.
 
@@ -526,16 +588,7 @@ def resolve(events: list[Event], sources: list[str]) -> tuple[dict, dict[str, Ev
     earlier one of the same key (expression and mouth: the same axis) and the override is
     reported once per pair of clauses.
     """
-    events = sorted(events, key=lambda e: (e.clause, e.order))
-    named: list[str] = []  # item keys in order, for "keep them"
-    for event in list(events):
-        if event.key == REFERENCE:
-            if not named:
-                events.remove(event)
-                continue
-            event.key = named[-1]
-        elif event.key in _ITEM_KEYS:
-            named.append(event.key)
+    events = _amend(sorted(events, key=lambda e: (e.clause, e.order)))
     final: dict[str, Event] = {}
     warnings: list[str] = []
     expression: Event | None = None

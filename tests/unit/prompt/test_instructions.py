@@ -136,6 +136,21 @@ def test_the_later_clause_wins_and_a_warning_says_so(tok, text, expected, loser)
     assert result.prompt == shown[expected]  # the overridden clause is not in the prompt
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("smile. no, don't", {"expression": NEUTRAL}),  # a bare negation negates the clause before
+        ("grin, wait, make it subtle", {"expression": SLIGHT}),  # a bare strength: the smile's
+        ("don't smile, make it bigger", {"expression": NEUTRAL}),  # no smile to make bigger
+        ("摘掉眼镜，算了还是留着吧", {"glasses": True}),  # a bare verb: the item named last
+        ("眼镜别摘", {"glasses": True}),  # 别 + 摘 after the item: two flips
+        ("笑容收一收", {"expression": NEUTRAL}),
+    ],
+)
+def test_follow_up_clauses_amend_the_clause_before(text, expected):
+    assert attrs(text) == expected
+
+
 def test_later_removal_wins_for_items_too(tok):
     result = optimize("keep the glasses, remove the glasses", tok)
     assert result.attributes == {"glasses": False}
