@@ -12,6 +12,7 @@ Latent channel dims are -1 (variable): the SD 1.x VAE has 4 latent channels, oth
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +96,21 @@ STEPS = Tensor("STEPS", "INT32", (1,), True, 20, (_L.min_steps, _L.max_steps))
 STRENGTH = Tensor("STRENGTH", "FP32", (1,), True, 0.5, (_L.min_strength, _L.max_strength))
 GUIDANCE = Tensor("GUIDANCE", "FP32", (1,), True, 7.5, (_L.min_guidance, _L.max_guidance))
 SEED = Tensor("SEED", "INT64", (1,), True, 0, (0, _L.max_seed))
+# expression (issue 30): whose expression the fused face wears and the edits on top of it
+# (facefuse.face.expression_edit); absent fields keep B's expression with the instruction's edits
+EXPRESSION_SOURCES = ("target", "source")
+EXPRESSION_SOURCE = Tensor(
+    "EXPRESSION_SOURCE", "BYTES", (1,), True,
+    doc='whose expression: "target" (B\'s, the default) or "source" (A\'s own)',
+)  # fmt: skip
+EXPRESSION_SMILE = Tensor(
+    "EXPRESSION_SMILE", "FP32", (1,), True, None, (-1.0, 2.0),
+    doc="added to the chosen expression's smile (1.0: an average smile; overrides the words)",
+)  # fmt: skip
+EXPRESSION_MOUTH_OPEN = Tensor(
+    "EXPRESSION_MOUTH_OPEN", "FP32", (1,), True, None, (0.0, 1.0),
+    doc="added lip parting (1.0: 0.25 eye spans; overrides the words)",
+)  # fmt: skip
 IMAGE = Tensor("IMAGE", "BYTES", (1,), doc="the result as PNG bytes")
 INFO = Tensor("INFO", "BYTES", (1,), doc="JSON: tokens, cache hits, steps, per-stage ms")
 
@@ -115,6 +131,10 @@ SIZE = Tensor("SIZE", "INT32", (1,), doc="working size in pixels")
 COMPOSITE = Tensor("COMPOSITE", "FP32", (-1, -1, 3))
 MASK = Tensor("MASK", "FP32", (-1, -1))
 CROP_BOX = Tensor("CROP_BOX", "INT64", (4,))
+EXPRESSION = Tensor(
+    "EXPRESSION", "BYTES", (1,), True,
+    doc="JSON of facefuse.face.expression_edit.ExpressionEdit; absent: A's face as it is",
+)  # fmt: skip
 
 # --- ONNX-serving models: the names are the exported graphs' own ------------------------------
 SAMPLE = Tensor("sample", "FP32", (-1, -1, -1))  # latent channels, height, width
@@ -128,9 +148,12 @@ LATENT = Tensor("latent", "FP32", (-1, -1, -1))
 
 FACEFUSION = Model(
     "facefusion",
-    (SOURCE_IMAGE, TARGET_IMAGE, INSTRUCTION, STEPS, STRENGTH, GUIDANCE, SEED),
+    (
+        SOURCE_IMAGE, TARGET_IMAGE, INSTRUCTION, STEPS, STRENGTH, GUIDANCE, SEED,
+        EXPRESSION_SOURCE, EXPRESSION_SMILE, EXPRESSION_MOUTH_OPEN,
+    ),
     (IMAGE, INFO),
-)
+)  # fmt: skip
 TXT2IMG = Model("txt2img", (PROMPT, STEPS, GUIDANCE, SEED), (IMAGE, INFO))
 PROMPT_OPTIMIZER = Model(
     "prompt_optimizer",
@@ -141,7 +164,9 @@ TEXT_ENCODER = Model(
     "text_encoder", (INPUT_IDS,), (LAST_HIDDEN_STATE, POOLED, CACHE_HIT_TOKENS), max_batch_size=16
 )
 FACE_ANALYZER = Model(
-    "face_analyzer", (SOURCE_IMAGE, TARGET_IMAGE, SIZE), (COMPOSITE, MASK, CROP_BOX)
+    "face_analyzer",
+    (SOURCE_IMAGE, TARGET_IMAGE, SIZE, EXPRESSION),
+    (COMPOSITE, MASK, CROP_BOX, INFO),
 )
 UNET = Model("unet", (SAMPLE, TIMESTEP, ENCODER_HIDDEN_STATES), (NOISE_PRED,), max_batch_size=16)
 UNET_DEEP = Model(
@@ -194,6 +219,24 @@ def _params(model: Model, **values) -> dict[str, np.ndarray]:
     return tensors
 
 
+def check_expression_inputs(
+    source: str | None, smile: float | None, mouth_open: float | None
+) -> None:
+    """InvalidInput naming the first expression field out of its range (absent: None)."""
+    from facefuse.core.errors import InvalidInput
+
+    if source is not None and source not in EXPRESSION_SOURCES:
+        raise InvalidInput(
+            EXPRESSION_SOURCE.name, f"must be one of {list(EXPRESSION_SOURCES)}, got {source!r}"
+        )
+    for tensor, value in ((EXPRESSION_SMILE, smile), (EXPRESSION_MOUTH_OPEN, mouth_open)):
+        if value is None:
+            continue
+        low, high = tensor.range
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
+            raise InvalidInput(tensor.name, f"must be a number in [{low}, {high}], got {value!r}")
+
+
 def facefusion_request(
     source: bytes,
     target: bytes,
@@ -202,6 +245,9 @@ def facefusion_request(
     strength: float | None = None,
     guidance: float | None = None,
     seed: int | None = None,
+    expression_source: str | None = None,
+    expression_smile: float | None = None,
+    expression_mouth_open: float | None = None,
 ) -> dict[str, np.ndarray]:
     """name -> array of one ``facefusion`` request, validated as the server validates it.
 
@@ -214,6 +260,14 @@ def facefusion_request(
     tensors.update(
         _params(FACEFUSION, steps=steps, strength=strength, guidance=guidance, seed=seed)
     )
+    check_expression_inputs(expression_source, expression_smile, expression_mouth_open)
+    for tensor, value in (
+        (EXPRESSION_SOURCE, expression_source),
+        (EXPRESSION_SMILE, expression_smile),
+        (EXPRESSION_MOUTH_OPEN, expression_mouth_open),
+    ):
+        if value is not None:
+            tensors[tensor.name] = tensor.scalar(value)
     return tensors
 
 

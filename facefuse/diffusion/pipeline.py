@@ -44,6 +44,12 @@ class Stages:
     unet: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
     decode_latents: Callable[[np.ndarray], np.ndarray]
     deep_cache: DeepCacheUnets | None = None  # the unet_deep / unet_shallow pair, when served
+    # analyze_faces with an expression edit (JSON of facefuse.face.expression_edit's
+    # ExpressionEdit) -> (composite, mask, crop_box, info dict); when given, fusion moves A's
+    # face to B's expression plus the instruction's edits (issue 30)
+    analyze_faces_expression: (
+        Callable[[bytes, bytes, int, str], tuple[np.ndarray, np.ndarray, np.ndarray, dict]] | None
+    ) = None
 
 
 @dataclass
@@ -288,6 +294,21 @@ class Pipeline:
             "denoise", denoise, self.stages.unet, scheduler, request, self.stages.deep_cache
         )
 
+    def _analyze(self, timer: Timer, source, target, instruction, expression):
+        """(composite, mask, crop_box, face info): with the expression stage, A's face moved to
+        the chosen expression plus the instruction's words and the request's numbers."""
+        size = self.manifest.image_size
+        if self.stages.analyze_faces_expression is None:
+            return (*timer.run("face", self.stages.analyze_faces, source, target, size), {})
+        from facefuse.face.expression_edit import ExpressionEdit, words_from_instruction
+
+        edit = ExpressionEdit(
+            **{**(expression or {}), "words": words_from_instruction(instruction)}
+        )
+        return timer.run(
+            "face", self.stages.analyze_faces_expression, source, target, size, edit.to_json()
+        )
+
     def fuse(
         self,
         source: bytes,
@@ -296,15 +317,19 @@ class Pipeline:
         params: GenerationParams,
         auto_steps: bool = False,
         should_stop: Callable[[], bool] | None = None,
+        expression: dict | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
         """Returns (fused crop HxWx3 in [0,1], mask, crop_box, info); the caller pastes back.
 
         With ``auto_steps`` and adaptive steps on, ``params.steps`` is replaced by the steps
-        chosen from the masked composite's complexity (reported in ``info["adaptive"]``)."""
+        chosen from the masked composite's complexity (reported in ``info["adaptive"]``).
+        ``expression``: the request's expression fields as ExpressionEdit keywords
+        (``source``, ``smile``, ``mouth_open``; absent: B's expression); the instruction's words
+        are added here. Used only where the stages have ``analyze_faces_expression``;
+        ``info["expression"]`` then reports what was applied."""
         timer = Timer()
-        size = self.manifest.image_size
-        composite, mask, crop_box = timer.run(
-            "face", self.stages.analyze_faces, source, target, size
+        composite, mask, crop_box, face_info = self._analyze(
+            timer, source, target, instruction, expression
         )
         adaptive = None
         if auto_steps and self.adaptive_steps:
@@ -346,6 +371,7 @@ class Pipeline:
         if weight is not None and self.upper_face_pixels == "source":
             fused = restore_held_pixels(composite, fused, mask, weight)
         info.update(self._loop_info(params, result), stage_ms=timer.ms)
+        info.update(face_info)
         info["steps_policy"] = "adaptive" if adaptive is not None else "fixed"
         if adaptive is not None:
             info["adaptive"] = adaptive.info()

@@ -71,6 +71,17 @@ def local_stages(
         )
         return plan.to_arrays()
 
+    def analyze_faces_expression(source: bytes, target: bytes, size: int, expression: str):
+        from facefuse.face.expression_edit import ExpressionEdit
+
+        plan = prepare_fusion(
+            decode_image(source, SOURCE_IMAGE.name),
+            decode_image(target, TARGET_IMAGE.name),
+            size,
+            expression=ExpressionEdit.from_json(expression),
+        )
+        return (*plan.to_arrays(), plan.info or {})
+
     def optimize_prompt(instruction: str):
         result = optimize(instruction, tokenizer, template=template)
         ids = np.asarray(result.prompt_ids, dtype=np.int64)
@@ -104,5 +115,12 @@ def local_stages(
     if all(name in sessions for name in DEEP_CACHE_MODELS):
         deep_cache = DeepCacheUnets(unet_deep, unet_shallow)
     return Stages(
-        analyze_faces, optimize_prompt, encode_text, encode_image, unet, decode_latents, deep_cache
+        analyze_faces,
+        optimize_prompt,
+        encode_text,
+        encode_image,
+        unet,
+        decode_latents,
+        deep_cache,
+        analyze_faces_expression,
     )

@@ -23,8 +23,12 @@ from facefuse.core.contract import SOURCE_IMAGE, TARGET_IMAGE
 from facefuse.face import detect, geometry
 from facefuse.face.color import match_color
 from facefuse.face.detect import Face, detect_face
+from facefuse.face.expression import default_model as expression_model
+from facefuse.face.expression_edit import ExpressionEdit
+from facefuse.face.facemesh import face_mesh
 from facefuse.face.imageio import PixelError
 from facefuse.face.mask import FEATHER, feathered_ellipse
+from facefuse.face.warp import backward_map
 
 SOURCE_FIELD, TARGET_FIELD = SOURCE_IMAGE.name, TARGET_IMAGE.name
 
@@ -46,6 +50,7 @@ class FusionPlan:
     source_face: Face | None = None
     target_face: Face | None = None
     source_to_crop: np.ndarray | None = None
+    info: dict | None = None  # what the face stage did (expression, faces), JSON-ready
 
     @property
     def size(self) -> int:
@@ -134,9 +139,16 @@ def prepare_fusion(
     size: int,
     stages: Sequence[str] | None = None,
     feather: float = FEATHER,
+    expression: ExpressionEdit | None = None,
 ) -> FusionPlan:
     """Detect, align, colour-match and mask (``feather``: the mask's ramp width as a share of
     the face ellipse's shorter semi-axis); see the module docstring.
+
+    ``expression``: A's face is first moved to the expression it asks for (B's by default,
+    :class:`~facefuse.face.expression_edit.ExpressionEdit`): FaceMesh points of both faces,
+    coefficients of :mod:`~facefuse.face.expression`, A's points retargeted, and A's pixels
+    warped piecewise-affinely in the crop (one resampling from A's photo); ``plan.info``
+    reports it. None keeps A's expression (the paste of before).
 
     Raises NoFaceFound(SOURCE_FIELD) or NoFaceFound(TARGET_FIELD) when a face is missing.
     """
@@ -155,22 +167,28 @@ def prepare_fusion(
     source_to_target = geometry.similarity_transform(source_points[:count], target_points[:count])
     source_to_crop = geometry.compose(image_to_crop, source_to_target)
 
-    warped = (
-        cv2.warpAffine(
-            source_rgb,
+    info: dict = {}
+    if expression is not None:
+        warped, coverage, info["expression"] = _expression_warp(
+            source_rgb, target_rgb, source_face, target_face, source_to_crop, size, expression
+        )
+    else:
+        warped = (
+            cv2.warpAffine(
+                source_rgb,
+                source_to_crop,
+                (size, size),
+                flags=cv2.INTER_LINEAR,
+                borderMode=cv2.BORDER_REPLICATE,
+            ).astype(np.float32)
+            / 255.0
+        )
+        coverage = cv2.warpAffine(
+            np.ones(source_rgb.shape[:2], np.float32),
             source_to_crop,
             (size, size),
             flags=cv2.INTER_LINEAR,
-            borderMode=cv2.BORDER_REPLICATE,
-        ).astype(np.float32)
-        / 255.0
-    )
-    coverage = cv2.warpAffine(
-        np.ones(source_rgb.shape[:2], np.float32),
-        source_to_crop,
-        (size, size),
-        flags=cv2.INTER_LINEAR,
-    )
+        )
     target_crop = _crop(target_rgb, box, size)
     mask = feathered_ellipse(crop_ellipse, (size, size), feather)
 
@@ -185,7 +203,62 @@ def prepare_fusion(
         source_face=source_face,
         target_face=target_face,
         source_to_crop=source_to_crop,
+        info=info,
     )
+
+
+def _expression_warp(
+    source_rgb: np.ndarray,
+    target_rgb: np.ndarray,
+    source_face: Face,
+    target_face: Face,
+    source_to_crop: np.ndarray,
+    size: int,
+    edit: ExpressionEdit,
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(A warped into the crop with the wanted expression, its coverage, info)."""
+    model = expression_model()
+    source_job = _DETECT_POOL.submit(face_mesh, source_rgb, source_face)
+    target_mesh = face_mesh(target_rgb, target_face)
+    source_mesh = source_job.result()
+    own, theirs = model.coefficients(source_mesh.points), model.coefficients(target_mesh.points)
+    wanted, applied = edit.wanted(own, theirs)
+    moved = model.retarget(source_mesh.points, own, wanted)
+    map_x, map_y = backward_map(
+        geometry.apply(source_to_crop, source_mesh.points),
+        geometry.apply(source_to_crop, moved),
+        (size, size),
+    )
+    to_source = cv2.invertAffineTransform(source_to_crop)  # crop pixels -> A's pixels
+    source_x = (to_source[0, 0] * map_x + to_source[0, 1] * map_y + to_source[0, 2]).astype(
+        np.float32
+    )
+    source_y = (to_source[1, 0] * map_x + to_source[1, 1] * map_y + to_source[1, 2]).astype(
+        np.float32
+    )
+    warped = (
+        cv2.remap(
+            source_rgb, source_x, source_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+        ).astype(np.float32)
+        / 255.0
+    )
+    coverage = cv2.remap(
+        np.ones(source_rgb.shape[:2], np.float32), source_x, source_y, cv2.INTER_LINEAR,
+        borderMode=cv2.BORDER_CONSTANT, borderValue=0.0,
+    )  # fmt: skip
+    info = {
+        **applied,
+        "coefficients": {
+            "source": model.as_dict(own),
+            "target": model.as_dict(theirs),
+            "applied": model.as_dict(wanted),
+        },
+        "landmarks": "facemesh-468",
+        "moved_eye_spans": round(
+            float(np.abs(moved - source_mesh.points).max() / source_mesh.eye_span), 4
+        ),
+    }
+    return warped, coverage, info
 
 
 def paste_back(target_rgb: np.ndarray, generated: np.ndarray, plan: FusionPlan) -> np.ndarray:

@@ -48,6 +48,7 @@ class TritonPythonModel:
         self.tokenizer = embedded_tokenizer()
         stages = bls_stages()
         stages.analyze_faces = self._whole_image
+        stages.analyze_faces_expression = None  # the whole image, no face work
         stages.optimize_prompt = self._tokenize
         self.pipeline = Pipeline(
             stages, manifest, scheduler=params.get("scheduler", DEFAULT_SCHEDULER)

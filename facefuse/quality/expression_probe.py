@@ -1,6 +1,6 @@
 """Offline probe of the expression route without diffusion, on held-out London people.
 
-    python -m facefuse.face.expression_probe --london ../shared/data/faces-london \\
+    python -m facefuse.quality.expression_probe --london ../shared/data/faces-london \\
         --heldout-from facefuse/models/faces/training.json --seed 1
 
 For each held-out person A (paired with another held-out person B, drawn with ``--seed``):
@@ -27,6 +27,7 @@ from facefuse.face import expression as ex
 from facefuse.face.detect import find_face
 from facefuse.face.facemesh import face_mesh
 from facefuse.face.warp import piecewise_affine
+from facefuse.quality.fusion_eval import FaceMeter, descriptor_distance
 
 
 def width68(p: np.ndarray) -> float:
@@ -48,8 +49,6 @@ def share(value: float, neutral: float, smiling: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from facefuse.quality.fusion_eval import FaceMeter, descriptor_distance
-
     parser = argparse.ArgumentParser(description="expression warp probe (no diffusion)")
     parser.add_argument("--london", type=Path, required=True)
     parser.add_argument("--heldout-from", type=Path, required=True)

@@ -632,3 +632,243 @@ def to_json(report: dict) -> dict:
         return value
 
     return clean(report)
+
+
+# ------------------------------------------------------------------ expression cases (issue 30)
+
+NOTHING_INSTRUCTION = "portrait photo"  # asks for no expression
+SLIGHT_INSTRUCTION = "make them smile slightly"
+BIG_INSTRUCTION = "give them a big smile"
+LIPS_MIDDLE = (62, 66)  # dlib 68: inner lips, upper and lower middle
+# case: (A's photo, B's photo, instruction, A's photo of the same expression as the ask)
+EXPRESSION_CASES = {
+    "b_smiles": ("neutral", "smiling", NOTHING_INSTRUCTION, "smiling"),
+    "a_smiles": ("smiling", "neutral", NOTHING_INSTRUCTION, "neutral"),
+    "make_smile": ("neutral", "neutral", SMILE_INSTRUCTION, "smiling"),
+    "keep_neutral": ("neutral", "smiling", NEUTRAL_INSTRUCTION, "neutral"),
+    "slight_smile": ("neutral", "neutral", SLIGHT_INSTRUCTION, "smiling"),
+    "big_smile": ("neutral", "neutral", BIG_INSTRUCTION, "smiling"),
+}
+CASE_TITLES = {
+    "b_smiles": "A neutral, B smiling, nothing asked",
+    "a_smiles": "A smiling, B neutral, nothing asked",
+    "make_smile": "'make them smile' on a neutral B",
+    "keep_neutral": "'keep a neutral expression' on a smiling B",
+    "slight_smile": "'smile slightly' on a neutral B",
+    "big_smile": "'a big smile' on a neutral B",
+}
+SHEET_CASES = ("b_smiles", "a_smiles", "make_smile", "keep_neutral")
+
+
+def corner_rise(points: np.ndarray) -> float:
+    """dlib 68: how far the mouth corners sit above the inner lips' middle, in outer-eye
+    spans (grows with a smile)."""
+    p = np.asarray(points, dtype=np.float64)
+    left, right = p[OUTER_EYE_CORNERS[0]], p[OUTER_EYE_CORNERS[1]]
+    span = float(np.linalg.norm(right - left))
+    along = (right - left) / span
+    down = np.array([-along[1], along[0]])
+    middle = (p[LIPS_MIDDLE[0]] + p[LIPS_MIDDLE[1]]) / 2
+    corners = (p[MOUTH_CORNERS[0]] + p[MOUTH_CORNERS[1]]) / 2
+    return float((middle - corners) @ down / span)
+
+
+def smile_share(value: float, neutral: float, smiling: float) -> float | None:
+    """Where ``value`` lies from a person's neutral (0) to their own smile (1); None when the
+    person's two photos do not differ."""
+    span = smiling - neutral
+    return float((value - neutral) / span) if abs(span) > 1e-3 else None
+
+
+def expression_pairs(ids: Sequence[str], pairs: int | None, seed: int) -> list[tuple[str, str]]:
+    """(A, B) of different people: each person once as A with a partner drawn by ``seed``,
+    then more rounds while ``pairs`` asks for more."""
+    rng = random.Random(seed)  # noqa: S311 - sampling, not security
+    ids = list(ids)
+    out: list[tuple[str, str]] = []
+    wanted = pairs or len(ids)
+    while len(out) < wanted:
+        for a in rng.sample(ids, len(ids)):
+            out.append((a, rng.choice([b for b in ids if b != a])))
+            if len(out) == wanted:
+                break
+    return out
+
+
+FuseFieldsFn = Callable[..., tuple[bytes, dict]]
+
+
+def evaluate_expression(
+    london: Path,
+    ids: Sequence[str],
+    fuse: FuseFieldsFn,
+    pairs: int | None = None,
+    seed: int = 1,
+    size: int = 128,
+    cases: Sequence[str] = tuple(EXPRESSION_CASES),
+    meter: FaceMeter | None = None,
+    log: Callable[[str], None] = lambda line: None,
+) -> tuple[dict, np.ndarray | None]:
+    """The expression cases on London people (``london``/neutral|smiling/ID.jpg): each
+    output's share of A's own smile (mouth width and corner rise, from A's neutral to A's
+    smiling photo), its descriptor distance to A's photo of the same expression and to B,
+    whether it is nearer A, whether its face is found, B's PSNR outside the face and the
+    latency. ``fuse(source, target, instruction) -> (PNG, INFO)``. Returns (report, sheet)."""
+    from facefuse.face.fusion import prepare_fusion
+    from facefuse.face.imageio import decode_image
+
+    meter = meter or FaceMeter()
+    photos: dict[tuple[str, str], Loaded] = {}
+    cache: dict = {}
+    for person in ids:
+        for kind in ("neutral", "smiling"):
+            photos[kind, person] = _load(Path(london) / kind / f"{person}.jpg", meter, cache)
+    usable = [p for p in ids if all(photos[k, p].face is not None for k in ("neutral", "smiling"))]
+    chosen = expression_pairs(usable, pairs, seed)
+    records: list[dict] = []
+    latencies: dict[str, list[float]] = {case: [] for case in cases}
+    sheet: list[list[np.ndarray]] = []
+    labels: list[str] = []
+    for number, (a_id, b_id) in enumerate(chosen, 1):
+        a_n, a_s = photos["neutral", a_id].face, photos["smiling", a_id].face
+        width = (a_n.expression, a_s.expression)
+        rise = (corner_rise(a_n.points), corner_rise(a_s.points))
+        row: dict = {"a": a_id, "b": b_id}
+        images: dict[str, np.ndarray] = {}
+        for case in cases:
+            a_kind, b_kind, instruction, same = EXPRESSION_CASES[case]
+            a, b = photos[a_kind, a_id], photos[b_kind, b_id]
+            started = time.perf_counter()
+            try:
+                png, info = fuse(a.data, b.data, instruction)
+            except InvalidInput as exc:
+                row[case] = {"skipped": str(exc)}
+                continue
+            latencies[case].append(1000.0 * (time.perf_counter() - started))
+            image = decode_image(png, "IMAGE")
+            images[case] = image
+            plan = prepare_fusion(a.rgb, b.rgb, size)
+            outside = outside_face(b.rgb.shape, plan.mask, plan.crop_box)
+            figures = measure_result(meter, image, b.rgb, a.face, b.face, outside)
+            boxes = meter.detect(image)
+            index, iou = best_overlap(boxes, b.face.box)
+            face = meter.measure(image, boxes[index] if index is not None and iou >= MIN_IOU
+                                 else b.face.box)  # fmt: skip
+            same_face = photos[same, a_id].face
+            figures.update(
+                smile_share=smile_share(face.expression, *width),
+                rise_share=smile_share(corner_rise(face.points), *rise),
+                distance_a_same=descriptor_distance(face.descriptor, same_face.descriptor),
+                applied=(info.get("expression") or {}).get("coefficients", {}).get("applied"),
+            )
+            figures["nearer_a"] = figures["distance_a_same"] < figures["distance_b"]
+            row[case] = figures
+        records.append(row)
+        if len(sheet) < 6 and all(c in images for c in SHEET_CASES):
+            sheet.append(
+                [
+                    photos["neutral", a_id].rgb, photos["smiling", a_id].rgb,
+                    photos["neutral", b_id].rgb, photos["smiling", b_id].rgb,
+                    *(images[c] for c in SHEET_CASES),
+                ]
+            )  # fmt: skip
+            labels.append(
+                f"A {a_id}, B {b_id}; smile share: "
+                + ", ".join(f"{c} {_pct(row[c]['smile_share'])}" for c in SHEET_CASES)
+            )
+        log(f"[{number}/{len(chosen)}] {a_id}->{b_id}: " + "; ".join(
+            f"{c} {_pct(row[c].get('smile_share'))} d {row[c].get('distance_a_same', 0):.2f}"
+            for c in cases if "skipped" not in row[c]
+        ))  # fmt: skip
+    summary = {case: _case_summary([r[case] for r in records], latencies[case]) for case in cases}
+    report = {
+        "config": {
+            "london": str(london),
+            "ids": list(ids),
+            "pairs": len(chosen),
+            "seed": seed,
+            "cases": {
+                c: dict(zip(("a", "b", "instruction", "same"), EXPRESSION_CASES[c])) for c in cases
+            },
+        },
+        "summary": summary,
+        "ordering": _ordering(records, cases),
+        "pairs": records,
+    }
+    columns = ("A neutral", "A smiling", "B neutral", "B smiling",
+               *(CASE_TITLES[c] for c in SHEET_CASES))  # fmt: skip
+    picture = _expression_sheet(sheet, labels, columns) if sheet else None
+    return report, picture
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _case_summary(rows: list[dict], latencies: list[float]) -> dict:
+    done = [r for r in rows if "skipped" not in r]
+    shares = [r["smile_share"] for r in done if r["smile_share"] is not None]
+    rises = [r["rise_share"] for r in done if r["rise_share"] is not None]
+    return {
+        "n": len(done),
+        "skipped": len(rows) - len(done),
+        "smile_share_median": _median(shares),
+        "smile_share_at_least_40": float(np.mean([s >= 0.4 for s in shares])) if shares else None,
+        "smile_share_at_most_50": float(np.mean([s <= 0.5 for s in shares])) if shares else None,
+        "rise_share_median": _median(rises),
+        "median_distance_a_same": _median([r["distance_a_same"] for r in done]),
+        "nearer_a_share": float(np.mean([r["nearer_a"] for r in done])) if done else None,
+        "face_found_share": float(np.mean([r["face_found"] for r in done])) if done else None,
+        "psnr_outside_min_db": min((r["psnr_outside_db"] for r in done), default=None),
+        "latency_ms_median": _median(latencies),
+    }
+
+
+def _ordering(records: list[dict], cases: Sequence[str]) -> dict:
+    """Share of pairs where big > normal > slight (mouth width share)."""
+    names = ("slight_smile", "make_smile", "big_smile")
+    if not all(n in cases for n in names):
+        return {}
+    ordered, n = 0, 0
+    medians = {}
+    for r in records:
+        values = [r[c].get("smile_share") for c in names]
+        if any(v is None for v in values):
+            continue
+        n += 1
+        ordered += values[0] < values[1] < values[2]
+    for c in names:
+        medians[c] = _median([r[c]["smile_share"] for r in records
+                              if r[c].get("smile_share") is not None])  # fmt: skip
+    return {"pairs": n, "big_normal_slight_ordered_share": ordered / n if n else None,
+            "median_smile_share": medians}  # fmt: skip
+
+
+def _expression_sheet(rows, labels, columns, tile: int = 160) -> np.ndarray:
+    """Faces cropped around the middle of each photo, one row per pair, titled columns."""
+    import cv2
+
+    def crop(image: np.ndarray) -> np.ndarray:
+        h, w = image.shape[:2]
+        side = int(min(h, w) * 0.62)
+        y0, x0 = int(h * 0.47 - side / 2), (w - side) // 2
+        y0 = max(0, min(h - side, y0))
+        return cv2.resize(image[y0 : y0 + side, x0 : x0 + side], (tile, tile),
+                          interpolation=cv2.INTER_AREA)  # fmt: skip
+
+    head, label_h = 34, 18
+    width = tile * len(columns)
+    canvas = np.full((head + len(rows) * (tile + label_h), width, 3), 255, np.uint8)
+    for i, name in enumerate(columns):
+        words = name.split()
+        lines = [" ".join(words[: (len(words) + 1) // 2]), " ".join(words[(len(words) + 1) // 2 :])]
+        for k, line in enumerate(lines):
+            cv2.putText(canvas, line, (i * tile + 4, 13 + 14 * k), cv2.FONT_HERSHEY_SIMPLEX,
+                        0.36, (0, 0, 0), 1, cv2.LINE_AA)  # fmt: skip
+    for r, (images, label) in enumerate(zip(rows, labels)):
+        y = head + r * (tile + label_h)
+        cv2.putText(canvas, label, (4, y + 13), cv2.FONT_HERSHEY_SIMPLEX, 0.38, (0, 0, 0), 1,
+                    cv2.LINE_AA)  # fmt: skip
+        for i, image in enumerate(images):
+            canvas[y + label_h : y + label_h + tile, i * tile : (i + 1) * tile] = crop(image)
+    return canvas

@@ -34,9 +34,23 @@ def bls_stages(models: dict[str, str] | None = None, deep_cache: bool = False) -
                 c.TARGET_IMAGE.name: bytes_array(target),
                 c.SIZE.name: c.SIZE.scalar(size),
             },
-            c.FACE_ANALYZER.output_names,
+            (c.COMPOSITE.name, c.MASK.name, c.CROP_BOX.name),
         )
         return out[c.COMPOSITE.name], out[c.MASK.name], out[c.CROP_BOX.name]
+
+    def analyze_faces_expression(source: bytes, target: bytes, size: int, expression: str):
+        out = bls(
+            c.FACE_ANALYZER.name,
+            {
+                c.SOURCE_IMAGE.name: bytes_array(source),
+                c.TARGET_IMAGE.name: bytes_array(target),
+                c.SIZE.name: c.SIZE.scalar(size),
+                c.EXPRESSION.name: bytes_array(expression.encode("utf-8")),
+            },
+            c.FACE_ANALYZER.output_names,
+        )
+        info = json.loads(out[c.INFO.name].reshape(-1)[0])
+        return out[c.COMPOSITE.name], out[c.MASK.name], out[c.CROP_BOX.name], info
 
     def optimize_prompt(instruction: str):
         out = bls(
@@ -85,5 +99,12 @@ def bls_stages(models: dict[str, str] | None = None, deep_cache: bool = False) -
 
     pair = DeepCacheUnets(unet_deep, unet_shallow) if deep_cache else None
     return Stages(
-        analyze_faces, optimize_prompt, encode_text, encode_image, unet, decode_latents, pair
+        analyze_faces,
+        optimize_prompt,
+        encode_text,
+        encode_image,
+        unet,
+        decode_latents,
+        pair,
+        analyze_faces_expression,
     )

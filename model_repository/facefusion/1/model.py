@@ -1,22 +1,60 @@
 """facefusion: the BLS entry point; the orchestration lives in facefuse.diffusion.pipeline."""
 
-from facefuse.core.contract import IMAGE, INFO, INSTRUCTION, SOURCE_IMAGE, TARGET_IMAGE
+from facefuse.core.contract import (
+    EXPRESSION_MOUTH_OPEN,
+    EXPRESSION_SMILE,
+    EXPRESSION_SOURCE,
+    IMAGE,
+    INFO,
+    INSTRUCTION,
+    SOURCE_IMAGE,
+    TARGET_IMAGE,
+    check_expression_inputs,
+)
+from facefuse.core.errors import InvalidInput
 from facefuse.core.limits import check_instruction
 from facefuse.diffusion.pipeline import info_json
-from facefuse.serving.triton_io import bytes_array, get_bytes, get_text, pb_utils, text_tensor
+from facefuse.serving.triton_io import (
+    bytes_array,
+    get_bytes,
+    get_scalar,
+    get_text,
+    pb_utils,
+    text_tensor,
+)
 from facefuse.serving.triton_pipeline import PipelineTritonModel
 
 
-class TritonPythonModel(PipelineTritonModel):
-    # every BLS call to a composing model gives up after this many seconds: the request then
-    # fails with UNAVAILABLE (HTTP 503) instead of waiting on a hung model (issue 33);
-    # a dead or reloading model fails it at once. Config parameter bls_timeout_s overrides.
-    BLS_TIMEOUT_S = 60.0
+def _number(name: str):
+    def cast(value):
+        try:
+            return float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidInput(name, f"must be a number, got {value!r}") from None
 
+    return cast
+
+
+def expression_fields(request) -> dict:
+    """The request's expression fields as ExpressionEdit keywords (absent ones left out),
+    validated: InvalidInput names the field."""
+    source = get_text(request, EXPRESSION_SOURCE.name, required=False)
+    smile = get_scalar(request, EXPRESSION_SMILE.name, None, _number(EXPRESSION_SMILE.name))
+    mouth = get_scalar(
+        request, EXPRESSION_MOUTH_OPEN.name, None, _number(EXPRESSION_MOUTH_OPEN.name)
+    )
+    source = source.strip().lower() if source is not None else None
+    check_expression_inputs(source, smile, mouth)
+    fields = {"source": source, "smile": smile, "mouth_open": mouth}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+class TritonPythonModel(PipelineTritonModel):
     def handle(self, request):
         pb = pb_utils()
         params = self.params(request)
         instruction = check_instruction(get_text(request, INSTRUCTION.name))
+        expression = expression_fields(request)
         source = get_bytes(request, SOURCE_IMAGE.name)
         png, info = self.pipeline.fuse_png(
             source,
@@ -25,6 +63,7 @@ class TritonPythonModel(PipelineTritonModel):
             params,
             should_stop=self.should_stop(request),
             auto_steps=self.auto_steps(request),
+            expression=expression,
         )
         return pb.InferenceResponse(
             output_tensors=[

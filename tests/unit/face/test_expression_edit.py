@@ -1,0 +1,150 @@
+"""Whose expression, the edits on top, the request fields, and the fusion that applies them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from facefuse.core import contract as c
+from facefuse.core.errors import InvalidInput
+from facefuse.face.expression_edit import (
+    ExpressionEdit,
+    _local_words,
+    words_from_instruction,
+)
+
+A = np.array([0.2, 0.1, 0.5, -0.5])  # source's own coefficients (smile, open, mode1, mode2)
+B = np.array([1.1, 0.05, -0.3, 0.2])  # target's
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("make them smile", (False, 1.0, 0.0)),
+        ("keep a neutral expression", (True, 0.0, 0.0)),
+        ("make her smile slightly", (False, 0.5, 0.0)),
+        ("a big smile please", (False, 1.5, 0.0)),
+        ("don't smile", (True, 0.0, 0.0)),
+        ("open mouth", (False, 0.0, 1.0)),
+        ("keep the glasses", (False, 0.0, 0.0)),
+    ],
+)
+def test_words(text, expected):
+    for reading in (_local_words(text), words_from_instruction(text)):
+        assert (reading["reset"], reading["smile"], reading["mouth_open"]) == expected
+
+
+def test_default_takes_the_targets_expression():
+    wanted, applied = ExpressionEdit().wanted(A, B)
+    assert np.allclose(wanted, B)
+    assert applied["source"] == "target" and applied["smile"] == 0 and not applied["reset"]
+
+
+def test_source_keeps_as_own_expression():
+    wanted, _ = ExpressionEdit(source="source").wanted(A, B)
+    assert np.allclose(wanted, A)
+
+
+def test_smile_words_raise_the_smile_to_their_level_only():
+    words = {"reset": False, "smile": 1.0, "mouth_open": 0.0}
+    wanted, applied = ExpressionEdit(source="source", words=words).wanted(A, B)
+    assert wanted[0] == 1.0 and np.allclose(wanted[1:], A[1:])
+    assert applied["smile"] == pytest.approx(0.8) and applied["from"]["smile"] == "instruction"
+    # a target already smiling more keeps its smile
+    wanted, _ = ExpressionEdit(words={**words, "smile": 0.5}).wanted(A, B)
+    assert wanted[0] == pytest.approx(1.1)
+
+
+def test_reset_neutralises_every_mode_and_open_mouth_parts_the_lips():
+    wanted, applied = ExpressionEdit(words={"reset": True, "smile": 0.0, "mouth_open": 0.0}).wanted(
+        A, B
+    )
+    assert np.allclose(wanted, 0) and applied["reset"]
+    wanted, _ = ExpressionEdit(words={"reset": False, "smile": 0.0, "mouth_open": 1.0}).wanted(A, B)
+    assert wanted[1] == 1.0 and wanted[0] == B[0]
+
+
+def test_numbers_add_to_the_chosen_expression_and_override_the_words():
+    words = {"reset": True, "smile": 0.0, "mouth_open": 1.0}
+    wanted, applied = ExpressionEdit(smile=0.5, mouth_open=0.2, words=words).wanted(A, B)
+    assert wanted[0] == pytest.approx(B[0] + 0.5) and wanted[1] == pytest.approx(B[1] + 0.2)
+    assert applied["from"] == {"smile": "request", "mouth_open": "request"}
+    assert applied["smile"] == 0.5 and not applied["reset"]
+
+
+def test_json_round_trip():
+    edit = ExpressionEdit(source="source", smile=-0.5, words=_local_words("open mouth"))
+    assert ExpressionEdit.from_json(edit.to_json()) == edit
+    assert ExpressionEdit.from_json("{}") == ExpressionEdit()
+    with pytest.raises(ValueError):
+        ExpressionEdit.from_json("[1, 2]")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"source": "both"}, "EXPRESSION_SOURCE"),
+        ({"smile": 2.5}, "EXPRESSION_SMILE"),
+        ({"smile": float("nan")}, "EXPRESSION_SMILE"),
+        ({"mouth_open": -0.1}, "EXPRESSION_MOUTH_OPEN"),
+        ({"mouth_open": 1.01}, "EXPRESSION_MOUTH_OPEN"),
+    ],
+)
+def test_out_of_range_fields_are_refused_by_name(kwargs, field):
+    with pytest.raises(InvalidInput) as caught:
+        ExpressionEdit(**kwargs)
+    assert caught.value.field == field
+    request_kwargs = {f"expression_{k}": v for k, v in kwargs.items()}
+    with pytest.raises(InvalidInput) as caught:
+        c.facefusion_request(b"a", b"b", "make them smile", **request_kwargs)
+    assert caught.value.field == field
+
+
+def test_request_builder_sends_only_given_fields():
+    tensors = c.facefusion_request(b"a", b"b", "x", expression_smile=1.5)
+    assert tensors["EXPRESSION_SMILE"].dtype == np.float32
+    assert "EXPRESSION_SOURCE" not in tensors and "EXPRESSION_MOUTH_OPEN" not in tensors
+    tensors = c.facefusion_request(b"a", b"b", "x", expression_source="source")
+    assert tensors["EXPRESSION_SOURCE"][0] == b"source"
+
+
+def test_fusion_moves_as_face_and_reports_it(grace, astronaut):
+    from facefuse.face import expression as ex
+    from facefuse.face import facemesh as fm
+    from facefuse.face import geometry
+    from facefuse.face.fusion import prepare_fusion
+
+    before = prepare_fusion(grace, astronaut, 256)
+    assert before.info == {}
+    edit = ExpressionEdit(source="source", smile=1.5)
+    plan = prepare_fusion(grace, astronaut, 256, expression=edit)
+    info = plan.info["expression"]
+    assert info["source"] == "source" and info["smile"] == 1.5
+    assert info["coefficients"]["applied"]["smile"] == pytest.approx(
+        info["coefficients"]["source"]["smile"] + 1.5, abs=1e-3
+    )
+    json.dumps(plan.info)  # JSON-ready
+    # the same crop, mask and box; the composite differs around the mouth only
+    assert plan.crop_box == before.crop_box and np.array_equal(plan.mask, before.mask)
+    changed = np.abs(plan.composite - before.composite).max(axis=2) > 0.1
+    assert changed.any()
+    mesh = fm.face_mesh(grace, before.source_face)
+    nose_y = geometry.apply(before.source_to_crop, mesh.points[[fm.NOSE_TIP]])[0, 1]
+    rows = np.nonzero(changed)[0]
+    assert rows.mean() > nose_y  # the change sits around the mouth, below the nose
+    # the mouth in the composite is wider: measure it with FaceMesh on the crop
+    crop = np.rint(plan.composite * 255).astype(np.uint8)
+    eyes = geometry.apply(
+        before.source_to_crop, np.array([before.source_face.left_eye, before.source_face.right_eye])
+    )
+    moved = fm.mesh_from_eyes(crop, tuple(eyes[0]), tuple(eyes[1]))
+    kept = fm.mesh_from_eyes(
+        np.rint(before.composite * 255).astype(np.uint8), tuple(eyes[0]), tuple(eyes[1])
+    )
+    assert ex.mouth_width(moved.points) > ex.mouth_width(kept.points) + 0.02
+    # no expression change asked of A's own expression: the composite matches the plain paste
+    same = prepare_fusion(grace, astronaut, 256, expression=replace(edit, smile=0.0))
+    assert np.abs(same.composite - before.composite).mean() < 0.01
