@@ -435,14 +435,15 @@ EN_SMILE_WORDS = {
     **dict.fromkeys(("beaming", "beamed", "laughter", "chuckle", "chuckling"), BIG_SMILE),
     **dict.fromkeys(("giggle", "giggles", "giggling", "delighted", "overjoyed"), BIG_SMILE),
     **dict.fromkeys(("ecstatic", "thrilled", "crack up", "cracking up"), BIG_SMILE),
-    **dict.fromkeys(("pleased", "amused", "content", "frown upside down"), SMILING),
+    **dict.fromkeys(("pleased", "amused", "frown upside down"), SMILING),
     **dict.fromkeys(("smirk", "smirks", "smirking", "half-smile"), SLIGHT_SMILE),
 }
 EN_NEUTRAL_WORDS = (
     "neutral", "serious", "seriously", "expressionless", "straight face", "poker face",
     "blank expression", "blank face", "blank look", "calm face", "calm expression", "calm",
     "stern", "deadpan", "solemn", "unsmiling", "no expression", "impassive", "stoic",
-    "emotionless", "relaxed face", "relaxed expression", "resting face",
+    "emotionless", "relaxed face", "relaxed expression", "resting face", "expression blank",
+    "face blank", "expressionless face", "neutral look", "serious look", "sober",
 )  # fmt: skip
 EN_SMILE_MODS = {
     **dict.fromkeys(
@@ -500,7 +501,7 @@ BLACK_AND_WHITE = "black and white"
 EN_FILLERS = frozenset(
     """
     please pls plz kindly make makes making let lets look looks looking appear appears seem face
-    wait hmm fine instead
+    wait hmm fine instead take scratch that
     faces expression expressions actually instead again now rather really try just also then
     everyone everybody could would you want wants like i person subject ok okay sure be being
     become turn get going go thanks thank can should will set put on off up out lot much very
@@ -530,6 +531,11 @@ EN_STATE_PATTERNS = (
 )
 # age words read anywhere in a clause ("younger and happier")
 EN_AGE = {"older": "older", "younger": "younger", "elderly": "older", "aged": "older"}
+# after a target, these remove it ("the glasses have to go", "the smile must go")
+EN_POST_NEGATORS = (
+    "has to go", "have to go", "must go", "should go", "needs to go", "need to go", "gotta go",
+    "can go", "goes", "taken away", "taken off", "wiped off",
+)  # fmt: skip
 # item references ("remove the glasses, actually keep them"): the last item named before
 EN_REFERENCES = ("them", "it", "those", "these", "that")
 
@@ -560,7 +566,7 @@ ZH_NEUTRAL_WORDS = (
     "中性表情", "中性的表情", "中性", "面无表情", "无表情", "没有表情", "不带表情", "严肃",
     "平静", "冷静", "淡定", "正经", "一本正经", "扑克脸", "冷漠", "不苟言笑", "自然表情",
     "平淡", "木讷", "表情中性", "板着脸", "绷着脸", "冷着脸", "表情收一收", "收敛表情",
-    "收起表情", "表情收敛",
+    "收起表情", "表情收敛", "放松", "表情自然", "自然放松", "表情放松",
 )  # fmt: skip
 ZH_SMILE_MODS = {
     **dict.fromkeys(
@@ -569,7 +575,7 @@ ZH_SMILE_MODS = {
     **dict.fromkeys(("稍稍", "有点", "含蓄", "腼腆", "羞涩"), "slight"),
     **dict.fromkeys(("大大", "灿烂", "开怀", "哈哈", "露齿", "爽朗", "大声", "使劲"), "big"),
     **dict.fromkeys(("夸张", "露出牙齿", "露牙", "露出牙", "很大", "用力", "尽情"), "big"),
-    **dict.fromkeys(("合不拢嘴", "出声", "放声"), "big"),
+    **dict.fromkeys(("合不拢嘴", "出声", "放声", "咧开嘴", "咧开", "咧着嘴", "张嘴"), "big"),
     **dict.fromkeys(("甜甜", "甜美", "友好", "亲切"), "plain"),
 }
 ZH_NEGATORS = (

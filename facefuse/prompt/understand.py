@@ -57,6 +57,7 @@ def _en_table() -> dict[tuple[str, ...], tuple[str, object]]:
     for phrase, value in lx.EN_AGE.items():
         put([phrase], "age", value)
     put(lx.EN_REFERENCES, "ref")
+    put(lx.EN_POST_NEGATORS, "postneg")
     return table
 
 
@@ -113,7 +114,8 @@ ZH_TABLE = _zh_table()
 ZH_MAX = max(len(k) for k in ZH_TABLE)
 _STATE_RES = tuple((re.compile(p), token) for p, token in lx.EN_STATE_PATTERNS)
 _EN_POST_MODS = frozenset(
-    "slightly bit little more widely broadly softly gently faintly subtly shyly warmly".split()
+    "slightly bit little more widely broadly softly gently faintly subtly shyly warmly wide big "
+    "broad bigger wider brighter".split()
 ) | {"ear to ear", "with teeth", "showing teeth", "teeth"}
 _EN_POST_REMOVE = frozenset({"removed", "off", "gone", "away"})
 REFERENCE = "<previous item>"  # key of "keep them": resolved to the last item named
@@ -216,6 +218,10 @@ def read_english(text: str) -> ClauseReading:
                 mods += _post_mods(tokens, i, used)
                 used.update(mods)
                 strength = _apply_mods(str(value), [str(tokens[j][1]) for j in mods])
+                post = _next_word(tokens, i)
+                if post is not None and _removes(tokens[post]):
+                    positive = False  # "take the smile away", "wipe the grin off"
+                    used.add(post)
                 if not positive:
                     event = Event("expression", lx.NEUTRAL, order=offset)
                     last_smile = None
@@ -237,8 +243,8 @@ def read_english(text: str) -> ClauseReading:
                 if not verb and flips == 0 and last_item is not None:
                     positive = last_item  # "remove the glasses and hat": the same verb
                 post = _next_word(tokens, i)
-                if post is not None and tokens[post][2] in _EN_POST_REMOVE:
-                    positive = False  # "glasses off", "shave his beard off"
+                if post is not None and _removes(tokens[post]):
+                    positive = False  # "glasses off", "shave his beard off", "have to go"
                     used.add(post)
                 elif post is not None and tokens[post][2] == "on":
                     used.add(post)
@@ -267,7 +273,7 @@ def read_english(text: str) -> ClauseReading:
     for i, (kind, _, word, _) in enumerate(tokens):
         if i in used or kind in ("filler", "keep", "neg"):
             continue
-        if kind in ("mod", "ref") and word in lx.EN_FILLERS:
+        if kind in ("mod", "ref", "postneg") and word in lx.EN_FILLERS:
             continue
         if person_fillers and word in lx.IDENTITY_NOUNS:
             continue
@@ -280,7 +286,7 @@ def _follow_up(tokens, used: set[int], reading: ClauseReading) -> None:
     ("no, don't", "不要") negates it, only a smile strength ("make it subtle", "bigger")
     changes the smile's; a verb alone ("还是留着吧") keeps or removes the item named last."""
     kinds = [t[0] for t in tokens]
-    if any(k not in ("filler", "neg", "keep", "mod", "word", "ref") for k in kinds):
+    if any(k not in ("filler", "neg", "keep", "mod", "word", "ref", "postneg") for k in kinds):
         return
     words = [t[2] for t in tokens if t[0] == "word"]
     mods = [i for i, t in enumerate(tokens) if t[0] == "mod" and t[1] in ("slight", "big")]
@@ -312,7 +318,11 @@ def _post_mods(tokens, i: int, used: set[int]) -> list[int]:
 
 def _next_word(tokens, i: int) -> int | None:
     j = i + 1
-    return j if j < len(tokens) and tokens[j][0] in ("word", "filler") else None
+    return j if j < len(tokens) and tokens[j][0] in ("word", "filler", "postneg") else None
+
+
+def _removes(token) -> bool:
+    return token[0] == "postneg" or token[2] in _EN_POST_REMOVE
 
 
 def _qualifier(tokens, i: int, used: set[int]) -> str:
