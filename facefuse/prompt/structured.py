@@ -99,7 +99,8 @@ NOUN_KEYS = {
     "gender": "",
     "age": "",
 }
-_NOUN_SYNONYMS = {"light": ("light", "lighting", "lit", "lights")}
+_LIGHT_NOUNS = ("daylight", "sunlight", "moonlight", "candlelight", "sunshine")
+_NOUN_SYNONYMS = {"light": ("light", "lighting", "lit", "lights", *_LIGHT_NOUNS)}
 # Canonical values written in the trained captions' words (facefuse/train/data.py CAPTIONS).
 CANONICAL_TEXT = {
     ("expression", lx.SLIGHT_SMILE): "smiling",
@@ -242,6 +243,7 @@ _RULES: tuple[tuple[re.Pattern, str], ...] = tuple(
             "noun_change",
         ),
         (rf"^{_LEAD}(?P<v>[a-z][a-z -]*?) (?:light|lighting|lights|lit)$", "lighting"),
+        (rf"^{_LEAD}(?P<v>(?:[a-z][a-z -]*? )?(?:{'|'.join(_LIGHT_NOUNS)}))$", "lighting"),
         # a bare noun ("keep the hair") is the attribute set to True
         (rf"^{_LEAD}(?:(?P<v>[a-z][a-z -]*?) )?hair$", "hair"),
         (rf"^{_LEAD}(?:(?P<v>[a-z][a-z -]*?) )?eyes$", "eyes"),
@@ -314,7 +316,10 @@ _FIRST_WORDS = frozenset(
     "drop lose get change set turn use in under on against place a an the some him her them it "
     "me us render do as aged age about around dye color colour".split()
 )
-_LAST_WORDS = frozenset("light lighting lights lit hair eyes background style".split())
+_LAST_WORDS = frozenset(
+    "light lighting lights lit hair eyes background style daylight sunlight moonlight "
+    "candlelight sunshine".split()
+)
 
 
 def _match_clause(clause: str) -> tuple[str, str, object] | None:

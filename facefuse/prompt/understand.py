@@ -105,6 +105,8 @@ def _zh_table() -> dict[str, tuple[str, object]]:
         table[word] = ("smile", base)
     for word in lx.ZH_NEUTRAL_WORDS:
         table[word] = ("neutral", None)
+    for word in lx.ZH_EXPRESSION_NOUNS:
+        table[word] = ("exprnoun", None)
     return table
 
 
@@ -180,8 +182,11 @@ def _en_tokens(text: str) -> list[tuple[str, object, str, int]]:
     return out
 
 
-def read_english(text: str) -> ClauseReading:
-    """Events and unread words of one normalised English clause (Chinese characters skipped)."""
+def read_english(text: str, follow_up: bool = True) -> ClauseReading:
+    """Events and unread words of one normalised English clause (Chinese characters skipped).
+
+    ``follow_up=False``: a clause without a target of its own is not read as amending the
+    clause before (the English part of "remove 眼镜": its target is in the Chinese part)."""
     tokens = _en_tokens(text)
     reading = ClauseReading(text)
     if not tokens:
@@ -268,7 +273,7 @@ def read_english(text: str) -> ClauseReading:
     if reference is not None and not reading.events:
         used.add(reference[0])  # "actually keep them": the item named last, in a past clause
         reading.events.append(reference[1])
-    if not reading.events:
+    if follow_up and not reading.events:
         _follow_up(tokens, used, reading)
     for i, (kind, _, word, _) in enumerate(tokens):
         if i in used or kind in ("filler", "keep", "neg"):
@@ -298,9 +303,10 @@ def _follow_up(tokens, used: set[int], reading: ClauseReading) -> None:
         used.update(mods)
         strength = "big" if any(tokens[i][1] == "big" for i in mods) else "slight"
         reading.events.append(Event(STRENGTH_PREVIOUS, strength, order=offset))
-    elif negs and not mods and any(n in _BARE_NEGATORS for n in negs) and len(negs) % 2:
+    elif negs and not mods and "keep" not in kinds and any(n in _BARE_NEGATORS for n in negs):
+        # "no, actually don't": an interjection "no" does not cancel the negator
         reading.events.append(Event(NEGATE_PREVIOUS, True, order=offset))
-    elif "keep" in kinds and not mods:
+    elif ("keep" in kinds or negs) and not mods:  # "还是留着吧", "还是摘掉吧"
         reading.events.append(Event(REFERENCE, len(negs) % 2 == 0, order=offset))
 
 
@@ -396,13 +402,13 @@ _ZH_TARGETS = frozenset(
 ) | {"neutral"}
 
 
-def read_chinese(text: str) -> ClauseReading:
-    """Events and unread characters of the Chinese part of one normalised clause."""
+def read_chinese(text: str, flips: int = 0, verb: bool = False) -> ClauseReading:
+    """Events and unread characters of the Chinese part of one normalised clause.
+
+    ``flips`` and ``verb``: negators and verbs read before the Chinese part ("remove 眼镜")."""
     tokens = _pair_parts(_zh_tokens(text))
     reading = ClauseReading(text)
     used: set[int] = set()
-    flips = 0
-    verb = False
     last_item: bool | None = None
     smiles: list[Event] = []
     light_mods: list[int] = []
@@ -417,6 +423,10 @@ def read_chinese(text: str) -> ClauseReading:
             verb = True
         elif kind == "keep":
             verb = True
+        elif kind == "exprnoun" and flips % 2:  # "不要有任何表情": a neutral expression
+            target = True
+            event = Event("expression", lx.NEUTRAL, order=offset)
+            smiles.clear()
         elif kind == "lightmod":
             light_mods.append(i)
         elif kind == "colour":
@@ -510,7 +520,7 @@ def read_chinese(text: str) -> ClauseReading:
         for event in smiles:
             event.value = _apply_mods(str(event.value), names) if names else event.value
     for i, (kind, _, word, _) in enumerate(tokens):
-        if i not in used and kind not in ("filler", "keep", "neg"):
+        if i not in used and kind not in ("filler", "keep", "neg", "exprnoun"):
             reading.residue.append(word)
     return reading
 
@@ -541,8 +551,13 @@ def _trailing_negation(tokens: list, bare: list[tuple[int, Event]], smiles: list
 def read_clause(text: str) -> ClauseReading:
     """Read a normalised clause: its Chinese characters and its other words."""
     if _HAN.search(text):
-        zh = read_chinese(text)
-        en = read_english(_HAN.sub(" ", text))
+        en = read_english(_HAN.sub(" ", text), follow_up=False)
+        lead = _HAN.split(text, 1)[0]  # English verbs before the Chinese: "remove 眼镜"
+        flips = verb = 0
+        if not en.events and lead.strip():
+            kinds = [t[0] for t in _en_tokens(lead)]
+            flips, verb = kinds.count("neg"), ("neg" in kinds or "keep" in kinds)
+        zh = read_chinese(text, flips, bool(verb))
         reading = ClauseReading(text, zh.events + en.events, zh.residue + en.residue)
         reading.events.sort(key=lambda e: e.order)
         return reading

@@ -108,6 +108,8 @@ def test_english_instructions(text, expected):
         ("保留胡子和眼镜", {"beard": True, "glasses": True}),
         ("请保持中性表情并保留眼镜", {"expression": NEUTRAL, "glasses": True}),
         ("make him 微笑", {"expression": SMILING}),
+        ("remove 眼镜", {"glasses": False}),  # the English verb reaches the Chinese item
+        ("不要有任何表情", {"expression": NEUTRAL}),  # a negated 表情
         ("别笑, soft studio light", {"expression": NEUTRAL, "lighting": "soft studio"}),
     ],
 )
@@ -145,6 +147,8 @@ def test_the_later_clause_wins_and_a_warning_says_so(tok, text, expected, loser)
         ("摘掉眼镜，算了还是留着吧", {"glasses": True}),  # a bare verb: the item named last
         ("眼镜别摘", {"glasses": True}),  # 别 + 摘 after the item: two flips
         ("笑容收一收", {"expression": NEUTRAL}),
+        ("smile, no actually don't", {"expression": NEUTRAL}),  # "no" does not cancel "don't"
+        ("保留眼镜，其实还是摘掉吧", {"glasses": False}),
     ],
 )
 def test_follow_up_clauses_amend_the_clause_before(text, expected):
