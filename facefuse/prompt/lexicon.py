@@ -495,13 +495,14 @@ EN_STYLES = {
     **dict.fromkeys(("black and white", "black-and-white", "b&w", "b/w", "monochrome"), "bw"),
     **dict.fromkeys(("grayscale", "greyscale", "black and white photo", "monochrome photo"), "bw"),
     **dict.fromkeys(("black and white portrait", "black and white picture"), "bw"),
+    **dict.fromkeys(("black & white", "black&white", "b & w", "bw"), "bw"),
 }
 BLACK_AND_WHITE = "black and white"
 # Words an instruction uses around what it asks for ("could you please make her ... a bit").
 EN_FILLERS = frozenset(
     """
     please pls plz kindly make makes making let lets look looks looking appear appears seem face
-    wait hmm fine instead take scratch that
+    wait hmm fine instead take scratch that one second thought
     faces expression expressions actually instead again now rather really try just also then
     everyone everybody could would you want wants like i person subject ok okay sure be being
     become turn get going go thanks thank can should will set put on off up out lot much very
@@ -516,7 +517,8 @@ _POSS = r"(?:(?:her|his|their|the|its|your|both|my|our|them|him|both of (?:her|h
 # words that may stand between a part and its state ("eyes should be open", "mouth wide open")
 _GAP = (
     r"(?:(?:should|must|to|be|is|are|stay|stays|remain|remains|kept|wide|slightly|half|"
-    r"tightly|gently|fully|bit|little|a|still|now|partly|partially|softly) ){0,3}"
+    r"tightly|gently|fully|bit|little|a|still|now|partly|partially|softly|not|never|"
+    r"shouldn't|mustn't|isn't|aren't) ){0,4}"
 )
 EN_STATE_PATTERNS = (
     (rf"\b{_CLOSE} {_POSS}(?:(?:eyes?|eyelids?)\b)", "eyes_closed"),
@@ -527,6 +529,7 @@ EN_STATE_PATTERNS = (
     (rf"\b{_CLOSE} {_POSS}(?:mouth|lips)\b", "mouth_closed"),
     (rf"\b(?:mouth|lips) {_GAP}(?:closed|shut|together)\b", "mouth_closed"),
     (rf"\b{_OPEN} {_POSS}(?:wide )?mouth\b|\blips (?:\w+ )?parted\b|\bparted lips\b", "mouth_open"),
+    (r"\bopen[- ]mouthed\b", "mouth_open"),
     (rf"\bmouth {_GAP}(?:open(?:ed)?|agape)\b|\bjaw dropped\b", "mouth_open"),
 )
 # age words read anywhere in a clause ("younger and happier")
@@ -561,6 +564,7 @@ ZH_SMILE_WORDS = {
     **dict.fromkeys(
         ("笑出声", "笑出声来", "笑得合不拢嘴", "乐开了花", "乐开花", "笑弯了腰"), BIG_SMILE
     ),
+    **dict.fromkeys(("乐一乐", "乐呵", "乐呵呵", "逗乐", "偷笑"), SMILING),
 }
 ZH_NEUTRAL_WORDS = (
     "中性表情", "中性的表情", "中性", "面无表情", "无表情", "没有表情", "不带表情", "严肃",
@@ -578,13 +582,14 @@ ZH_SMILE_MODS = {
     **dict.fromkeys(("大大", "灿烂", "开怀", "哈哈", "露齿", "爽朗", "大声", "使劲"), "big"),
     **dict.fromkeys(("夸张", "露出牙齿", "露牙", "露出牙", "很大", "用力", "尽情"), "big"),
     **dict.fromkeys(("合不拢嘴", "出声", "放声", "咧开嘴", "咧开", "咧着嘴", "张嘴"), "big"),
+    **dict.fromkeys(("大一点", "大一些", "更大", "大点", "再大"), "big"),
     **dict.fromkeys(("甜甜", "甜美", "友好", "亲切"), "plain"),
 }
 ZH_NEGATORS = (
     "不", "别", "不要", "没有", "没", "不用", "无需", "勿", "停止", "收起", "不再", "别再",
     "去掉", "去除", "摘掉", "摘下", "摘了", "取下", "拿掉", "删掉", "删除", "移除", "除去",
     "剃掉", "刮掉", "去了", "取消", "不戴", "别戴", "不需要", "无", "摘", "剃", "刮", "删",
-    "收一收", "收敛", "收住", "收起来",
+    "收一收", "收敛", "收住", "收起来", "拿下", "拿下来", "摘下来", "取下来", "拿走",
 )  # fmt: skip
 ZH_KEEPERS = (
     "保留", "保持", "留着", "留下", "维持", "不变", "戴", "戴上", "戴着", "加", "加上", "添加",

@@ -159,11 +159,21 @@ class ClauseReading:
 # --- English ---------------------------------------------------------------------------------
 
 
+def _negated_state(span: str, token: str) -> str:
+    if not _STATE_NEGATION.search(span):
+        return token
+    part, state = token.split("_")
+    return f"{part}_{_FLIP_STATE[state]}"
+
+
+_STATE_NEGATION = re.compile(r"\b(?:not|never)\b|n't\b")
+
+
 def _en_tokens(text: str) -> list[tuple[str, object, str, int]]:
     """(kind, value, word, offset) per lexicon phrase or unknown word, longest phrase first."""
     for pattern, token in _STATE_RES:
-        if pattern.search(text):
-            text = pattern.sub(f" {token} ", text)
+        if pattern.search(text):  # "eyes should not be closed": the state between, negated
+            text = pattern.sub(lambda m, t=token: f" {_negated_state(m.group(0), t)} ", text)
     words = [(m.group(0).strip("'\"-"), m.start()) for m in _EN_WORD.finditer(text)]
     words = [(w, o) for w, o in words if w]
     out = []
@@ -182,19 +192,19 @@ def _en_tokens(text: str) -> list[tuple[str, object, str, int]]:
     return out
 
 
-def read_english(text: str, follow_up: bool = True) -> ClauseReading:
+def read_english(text: str, follow_up: bool = True, flips: int = 0) -> ClauseReading:
     """Events and unread words of one normalised English clause (Chinese characters skipped).
 
     ``follow_up=False``: a clause without a target of its own is not read as amending the
-    clause before (the English part of "remove 眼镜": its target is in the Chinese part)."""
+    clause before (the English part of "remove 眼镜": its target is in the Chinese part);
+    ``flips``: negators read before the English part ("不要 smile")."""
     tokens = _en_tokens(text)
     reading = ClauseReading(text)
     if not tokens:
         return reading
     person_fillers = tokens[0][2] in _EDIT_START
     used: set[int] = set()
-    flips = 0
-    verb = False
+    verb = flips > 0
     last_item: bool | None = None
     pending_mods: list[int] = []
     last_smile: Event | None = None
@@ -551,7 +561,12 @@ def _trailing_negation(tokens: list, bare: list[tuple[int, Event]], smiles: list
 def read_clause(text: str) -> ClauseReading:
     """Read a normalised clause: its Chinese characters and its other words."""
     if _HAN.search(text):
-        en = read_english(_HAN.sub(" ", text), follow_up=False)
+        head = re.split(r"[a-z]", text, maxsplit=1)[0]  # Chinese negators first: "不要 smile"
+        zh_head = _zh_tokens(head) if _HAN.search(head) else []
+        head_flips = 0
+        if zh_head and all(t[0] in ("neg", "keep", "filler") for t in zh_head):
+            head_flips = [t[0] for t in zh_head].count("neg")
+        en = read_english(_HAN.sub(" ", text), follow_up=False, flips=head_flips)
         lead = _HAN.split(text, 1)[0]  # English verbs before the Chinese: "remove 眼镜"
         flips = verb = 0
         if not en.events and lead.strip():

@@ -65,6 +65,7 @@ def attrs(text: str) -> dict:
         ("mouth open", {"expression": OPEN}),
         ("big smile with mouth open", {"expression": BIG, "mouth": "open"}),
         ("keep his blue eyes", {"eyes": "blue"}),  # a colour stays a colour
+        ("eyes should not be closed", {"eyes": "open"}),  # a negation inside the state
         # keep / remove items, lighting, style
         ("keep the glasses", {"glasses": True}),
         ("remove the glasses", {"glasses": False}),
@@ -109,6 +110,7 @@ def test_english_instructions(text, expected):
         ("请保持中性表情并保留眼镜", {"expression": NEUTRAL, "glasses": True}),
         ("make him 微笑", {"expression": SMILING}),
         ("remove 眼镜", {"glasses": False}),  # the English verb reaches the Chinese item
+        ("不要 smile", {"expression": NEUTRAL}),  # and the Chinese negator the English smile
         ("不要有任何表情", {"expression": NEUTRAL}),  # a negated 表情
         ("别笑, soft studio light", {"expression": NEUTRAL, "lighting": "soft studio"}),
     ],
