@@ -21,6 +21,7 @@ meaning, and no pretrained one can be downloaded here.
 
 ## Training
 - Command: `{command}`
+- {start}
 - Steps {steps}, batch {batch}, AdamW lr {lr} (cosine, warm-up {warmup}), EMA {ema},
   {prediction} target, min-SNR gamma {snr}, conditioning dropout {dropout} (empty or the
   default negative prompt); {focus_share:.0%} of the training timesteps drawn below t =
@@ -30,7 +31,11 @@ meaning, and no pretrained one can be downloaded here.
   final loss {loss}.
 - Crops: {photos} photos, each face found by the pipeline's detector and cut with its face
   ellipse and crop box, plus {augmentations} augmented copies (flip, +-8 deg, +-8% scale, +-4%
-  shift, +-10% colour); latents encoded once with the frozen TAEF2 encoder.
+  shift, +-10% colour); {grey}; latents encoded once with the frozen TAEF2 encoder.
+- Captions as served: {template_share:.0%} of them start with the deployment's prompt template
+  ("{template}, ..."), the words the text encoder's prefix cache serves; {generic_share:.0%}
+  carry a generic portrait word ("portrait photo", "headshot", ...) whatever the set; parts are
+  comma-separated like the prompt optimizer's output.
 - Held out (never read for training): London set people {heldout}.
 
 ## Data and licences
@@ -60,7 +65,15 @@ def model_card(extra: dict) -> str:
         shift=extra["latent_shift"],
         scale=extra["latent_scale"],
         command=extra["command"],
-        steps=config["steps"],
+        steps=_steps(extra),
+        start=_start(extra),
+        grey=(
+            f"{extra.get('grey_copies', 0)} grey copies of the colour photos, captioned "
+            f"black and white, drawn {config.get('grey_share', 0):.0%} of the time"
+        ),
+        template=config.get("template", ""),
+        template_share=config.get("template_share", 0.0),
+        generic_share=config.get("generic_share", 0.0),
         batch=config["batch"],
         lr=config["lr"],
         warmup=config["warmup"],
@@ -76,4 +89,22 @@ def model_card(extra: dict) -> str:
         augmentations=config["augmentations"],
         heldout=", ".join(heldout),
         london=82 - len(heldout),
+    )
+
+
+def _steps(extra: dict) -> str:
+    """``N`` for a whole run, ``N of M (a part of the run: ...)`` when stopped with --until."""
+    total, done = extra["config"]["steps"], extra.get("trained_steps", extra["config"]["steps"])
+    if done >= total:
+        return str(total)
+    return f"{done} of a {total}-step schedule (the run was stopped there with --until)"
+
+
+def _start(extra: dict) -> str:
+    init = extra["config"].get("init_from", "")
+    if not init:
+        return "Started from seeded random weights."
+    return (
+        f"Started from the model folder `{init}` (its UNet, text tower and latent shift/scale;"
+        " its own training is in its training.json, kept here as `init_training`)."
     )

@@ -36,6 +36,13 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--sample-steps", type=int, default=20, help="denoising steps of the sample grids"
     )
+    parser.add_argument(
+        "--until",
+        type=int,
+        default=None,
+        help="train only up to this step (a part of the run: the schedule stays --steps'; "
+        "rerun without it to go on); --out is then written from the weights at that step",
+    )
     for f in fields(TrainConfig):
         if f.type in ("int", "float"):
             kind = int if f.type == "int" else float
@@ -74,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
     arrays = prepare_latents(config, args.data, args.taef2, args.run, log)
     trainer = Trainer(config, args.run, arrays, args.taef2, log)
     trainer.sample_steps = args.sample_steps
-    state = trainer.train(progress=not args.no_progress)
+    if args.until is not None and not 1 <= args.until <= config.steps:
+        raise InvalidInput(
+            "--until", f"must be within 1..--steps ({config.steps}), got {args.until}"
+        )
+    state = trainer.train(progress=not args.no_progress, until=args.until)
     log(f"trained {state.step} steps in {state.seconds / 60:.1f} min")
     if args.out is not None:
         from facefuse.train.card import model_card
@@ -90,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
             "latent_shift": trainer.shift,
             "latent_scale": trainer.scale,
             "train_minutes": round(state.seconds / 60, 1),
+            "trained_steps": state.step,
+            "init_training": _init_training(config),
             "final_loss": state.losses[-1][1] if state.losses else None,
             "losses": state.losses,
             "command": "facefuse " + " ".join(sys.argv[1:]),
@@ -97,3 +110,15 @@ def run(args: argparse.Namespace) -> int:
         write_model_folder(trainer, args.out, model_card(extra), extra)
         log(f"wrote {args.out}")
     return 0
+
+
+def _init_training(config: TrainConfig) -> dict | None:
+    """The warm start's own training record (command, steps, minutes), for the lineage."""
+    if not config.init_from:
+        return None
+    path = Path(config.init_from) / "training.json"
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    keep = ("command", "train_minutes", "final_loss", "init_training")
+    return {k: saved.get(k) for k in keep} | {"steps": saved.get("config", {}).get("steps")}

@@ -290,24 +290,27 @@ class Trainer:
         self.ema_text.step(self.text_encoder.parameters())
         return float(loss.detach())
 
-    def train(self, progress: bool = True) -> RunState:
+    def train(self, progress: bool = True, until: int | None = None) -> RunState:
+        """Resume and train to ``config.steps``, or only to ``until`` (a part of the run: the
+        schedule stays the whole run's, and rerunning without ``until`` goes on from there)."""
         from tqdm import tqdm
 
         config = self.config
         if self.resume():
             self.log(f"resumed from {self.run / CHECKPOINT} at step {self.state.step}")
+        end = config.steps if until is None else min(until, config.steps)
         bar = tqdm(
             total=config.steps, initial=self.state.step, disable=not progress, dynamic_ncols=True
         )
         window: list[float] = []
         last = time.perf_counter()
-        while self.state.step < config.steps:
+        while self.state.step < end:
             window.append(self.step())
             self.state.step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(window[-50:]):.4f}")
             done = self.state.step
-            if done % config.checkpoint_every == 0 or done == config.steps:
+            if done % config.checkpoint_every == 0 or done in (config.steps, end):
                 now = time.perf_counter()
                 self.state.seconds += now - last
                 last = now

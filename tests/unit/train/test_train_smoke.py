@@ -237,3 +237,20 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+def test_until_trains_a_part_of_the_run_and_writes_its_folder(tmp_path, capsys):
+    root = _data_folder(tmp_path / "data")
+    run, out = tmp_path / "run", tmp_path / "model"
+    args = ["train", "--data", str(root), "--taef2", str(TAEF2), "--run", str(run)]
+    steps = ["--steps", "3", *SMOKE[2:]]
+    assert main([*args, *steps, "--until", "4"]) == 2
+    assert "--until: must be within 1..--steps (3), got 4" in capsys.readouterr().err
+    assert main([*args, *steps, "--until", "1", "--out", str(out)]) == 0
+    training = json.loads((out / "training.json").read_text())
+    assert training["trained_steps"] == 1 and training["config"]["steps"] == 3
+    assert "1 of a 3-step schedule" in (out / "README.md").read_text()
+    # the rest of the run resumes from the part's checkpoint
+    assert main([*args, *steps, "--out", str(out)]) == 0
+    assert "resumed from" in capsys.readouterr().err
+    assert json.loads((out / "training.json").read_text())["trained_steps"] == 3
