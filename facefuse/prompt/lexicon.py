@@ -491,6 +491,11 @@ EN_ITEMS = {
     "tattoos": "tattoo",
     "make-up": "makeup",
 }
+# items named absent ("clean-shaven" = no beard)
+EN_ITEMS_ABSENT = {
+    "clean-shaven": "beard", "clean shaven": "beard", "beardless": "beard", "shaven": "beard",
+    "bare-faced": "makeup", "makeup-free": "makeup", "bareheaded": "hat",
+}  # fmt: skip
 EN_STYLES = {
     **dict.fromkeys(("black and white", "black-and-white", "b&w", "b/w", "monochrome"), "bw"),
     **dict.fromkeys(("grayscale", "greyscale", "black and white photo", "monochrome photo"), "bw"),
@@ -583,6 +588,7 @@ ZH_SMILE_MODS = {
     **dict.fromkeys(("夸张", "露出牙齿", "露牙", "露出牙", "很大", "用力", "尽情"), "big"),
     **dict.fromkeys(("合不拢嘴", "出声", "放声", "咧开嘴", "咧开", "咧着嘴", "张嘴"), "big"),
     **dict.fromkeys(("大一点", "大一些", "更大", "大点", "再大"), "big"),
+    **dict.fromkeys(("眯起来", "眯成", "眯眼", "眯起眼", "眯着眼"), "big"),
     **dict.fromkeys(("甜甜", "甜美", "友好", "亲切"), "plain"),
 }
 ZH_NEGATORS = (

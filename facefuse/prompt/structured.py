@@ -39,13 +39,14 @@ from dataclasses import dataclass, field
 
 from facefuse.core.errors import InvalidInput
 from facefuse.prompt import lexicon as lx
-from facefuse.prompt.compress import normalize, split_tags
+from facefuse.prompt.compress import _BINOMIAL_RE, normalize, split_tags
 from facefuse.prompt.understand import (
     ClauseReading,
     Event,
     has_chinese,
     read_clause,
     resolve,
+    to_simplified,
     unknown_language,
 )
 
@@ -365,8 +366,18 @@ def split_clauses(text: str) -> list[str]:
     """Normalised clauses of an instruction: commas, sentence ends, "and then", "然后" ..."""
     text = _CLAUSE_AND.sub(",", text)
     if has_chinese(text):
-        text = _ZH_JOIN.sub(",", text)
-    return split_tags(normalize(text))
+        text = _ZH_JOIN.sub(",", to_simplified(text))
+    clauses = []
+    for clause in split_tags(normalize(text)):
+        # "studio lighting and a white background": two (not "black and white background")
+        masked = _BINOMIAL_RE.sub(lambda m: m.group(0).replace(" and ", " \x05 "), clause)
+        found = _match_clause(clause) if " and " in masked else None
+        if found is not None and " and " in str(found[2]):
+            parts = (p.replace(" \x05 ", " and ").strip() for p in masked.split(" and "))
+            clauses.extend(p for p in parts if p)
+        else:
+            clauses.append(clause)
+    return clauses
 
 
 def _read(clause: str) -> tuple[ClauseReading, bool]:
@@ -424,9 +435,6 @@ def parse_instruction(text: str) -> ParsedInstruction:
     for index, (reading, descriptive) in enumerate(readings):
         keys = sorted(by_clause.get(index, []), key=_order_key)
         rendered = [_render_one(k, attributes[k]) for k in keys]  # from normalised text
-        for event in reading.events:  # "dark hair, long flowing hair": both describe
-            if event.key not in keys and not _single_valued(event.key) and event.value:
-                rendered.append(_render_one(event.key, event.value))
         if reading.understood and descriptive:
             parsed.clauses.append(reading.text)  # as written: "studio light", "red hair"
             described.append(reading.text)
@@ -460,12 +468,6 @@ def parse_instruction(text: str) -> ParsedInstruction:
             if why is not None:
                 parsed.warnings.append(f"not understood ({why}): {reading.text!r}")
     return parsed
-
-
-def _single_valued(key: str) -> bool:
-    """Keys of the face edit, where a later clause replaces an earlier one in the prompt too
-    (expression, mouth, eyes, style, items); other keys (lighting, hair ...) may describe twice."""
-    return key in ("expression", "mouth", "eyes", "style", "age") or key in ITEM_KEYS
 
 
 def _order_key(key: str) -> int:

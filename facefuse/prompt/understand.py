@@ -23,9 +23,11 @@ a neutral expression clears an earlier open mouth and an open mouth clears an ea
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from facefuse.prompt import lexicon as lx
 
@@ -46,6 +48,8 @@ def _en_table() -> dict[tuple[str, ...], tuple[str, object]]:
     put(lx.EN_NEGATORS, "neg")
     for phrase, key in lx.EN_ITEMS.items():
         put([phrase], "item", key)
+    for phrase, key in lx.EN_ITEMS_ABSENT.items():
+        put([phrase], "item", (key, False))
     for phrase, base in lx.EN_SMILE_WORDS.items():
         put([phrase], "smile", base)
     put(lx.EN_NEUTRAL_WORDS, "neutral")
@@ -110,6 +114,18 @@ def _zh_table() -> dict[str, tuple[str, object]]:
     return table
 
 
+# Traditional characters of the lexicon's words -> simplified ("別笑，保留眼鏡" reads as
+# "别笑，保留眼镜"); generated once from OpenCC's tables (zh_traditional.json says how).
+_TRADITIONAL = str.maketrans(
+    json.loads(Path(__file__).with_name("zh_traditional.json").read_text(encoding="utf-8"))["map"]
+)
+
+
+def to_simplified(text: str) -> str:
+    """``text`` with the traditional characters the lexicon knows in their simplified form."""
+    return text.translate(_TRADITIONAL)
+
+
 EN_TABLE = _en_table()
 EN_MAX = max(len(k) for k in EN_TABLE)
 ZH_TABLE = _zh_table()
@@ -123,6 +139,7 @@ _EN_POST_REMOVE = frozenset({"removed", "off", "gone", "away"})
 REFERENCE = "<previous item>"  # key of "keep them": resolved to the last item named
 NEGATE_PREVIOUS = "<negate previous>"  # "smile. no, don't": the clause before, negated
 STRENGTH_PREVIOUS = "<smile strength>"  # "grin, wait, make it subtle": the smile before
+LIGHT_PREVIOUS = "<more lighting>"  # "灯光柔和一些，自然一点": the lighting before, qualified
 _BARE_NEGATORS = frozenset({"don't", "dont", "do not", "not", "never", "不要", "别", "不"})
 _ITEM_KEYS = frozenset(lx.EN_ITEMS.values()) | frozenset(lx.ZH_ITEMS.values())
 # a clause that starts with one of these is an edit request: its person nouns are the target
@@ -141,6 +158,7 @@ class Event:
     value: object
     clause: int = 0
     order: int = 0
+    bare: bool = False  # an item with no verb in its clause ("remove the hat and the scarf")
 
 
 @dataclass
@@ -263,13 +281,18 @@ def read_english(text: str, follow_up: bool = True, flips: int = 0) -> ClauseRea
                     used.add(post)
                 elif post is not None and tokens[post][2] == "on":
                     used.add(post)
+                bare = not verb and flips == 0 and last_item is None
+                if isinstance(value, tuple):  # "clean-shaven": an item named absent
+                    value, absent = value
+                    positive = positive == absent
+                    bare = False
                 last_item = positive
                 item_value: object = positive
                 if positive:
                     qualifier = _qualifier(tokens, i, used)
                     if qualifier:
                         item_value = qualifier
-                event = Event(str(value), item_value, order=offset)
+                event = Event(str(value), item_value, order=offset, bare=bare)
             elif kind == "style":
                 if positive:
                     event = Event("style", value, order=offset)
@@ -476,6 +499,7 @@ def read_chinese(text: str, flips: int = 0, verb: bool = False) -> ClauseReading
             event = Event(key, state if positive else _FLIP_STATE[state], order=offset)
         elif kind == "item":
             positive = flips % 2 == 0
+            lone = not verb and flips == 0 and last_item is None
             if not verb and flips == 0 and last_item is not None:
                 positive = last_item
             last_item = positive
@@ -484,7 +508,7 @@ def read_chinese(text: str, flips: int = 0, verb: bool = False) -> ClauseReading
                 used.add(before[-1])
                 event = Event("hair", tokens[before[-1]][1], order=offset)
             else:
-                event = Event(str(value), positive, order=offset)
+                event = Event(str(value), positive, order=offset, bare=lone)
         elif kind == "smile":
             if flips % 2:
                 event = Event("expression", lx.NEUTRAL, order=offset)
@@ -513,6 +537,12 @@ def read_chinese(text: str, flips: int = 0, verb: bool = False) -> ClauseReading
     _trailing_negation(tokens, bare, smiles)
     if not reading.events:
         _follow_up(tokens, used, reading)
+    if (
+        not reading.events and light_mods and all(t[0] in ("lightmod", "filler") for t in tokens)
+    ):  # "灯光柔和一些，自然一点": the lighting before, qualified again
+        used.update(light_mods)
+        names = [str(tokens[j][1]) for j in light_mods]
+        reading.events.append(Event(LIGHT_PREVIOUS, " ".join(names), order=tokens[0][3]))
     if light_nouns and not any(e.key == "lighting" for e in reading.events):
         mods = [j for j in light_mods if j not in used and j > light_nouns[0]]
         if mods:
@@ -601,11 +631,25 @@ def _amend(events: list[Event]) -> list[Event]:
             negated = _negated(out[-1]) if out else None
             if negated is not None:
                 out.append(Event(negated.key, negated.value, event.clause, event.order))
+        elif event.key == LIGHT_PREVIOUS:
+            lights = [e for e in out if e.key == "lighting" and isinstance(e.value, str)]
+            if lights:
+                words = list(dict.fromkeys([*str(lights[-1].value).split(), event.value]))
+                out.append(Event("lighting", " ".join(words), event.clause, event.order))
         elif event.key == STRENGTH_PREVIOUS:
             smiles = [e for e in out if e.key == "expression"]
             if smiles and smiles[-1].value in lx.SMILES:
                 value = lx.BIG_SMILE if event.value == "big" else lx.SLIGHT_SMILE
                 out.append(Event("expression", value, event.clause, event.order))
+        elif (
+            event.bare
+            and event.value is True
+            and out
+            and out[-1].key in _ITEM_KEYS
+            and out[-1].value is False
+            and out[-1].clause == event.clause - 1
+        ):  # "remove the earrings, and the necklace": the same verb
+            out.append(Event(event.key, False, event.clause, event.order))
         else:
             out.append(event)
     return out

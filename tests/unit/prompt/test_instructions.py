@@ -73,6 +73,9 @@ def attrs(text: str) -> dict:
         ("don't remove the glasses", {"glasses": True}),
         ("remove the earrings and the necklace", {"earrings": False, "necklace": False}),
         ("add round glasses", {"glasses": "round"}),
+        ("make him clean-shaven", {"beard": False}),
+        ("studio lighting and a white background", {"lighting": "studio", "background": "white"}),
+        ("black and white background", {"background": "black and white"}),  # one binomial
         ("soft studio light", {"lighting": "soft studio"}),
         ("make it black and white", {"style": "black and white"}),
     ],
@@ -109,6 +112,8 @@ def test_english_instructions(text, expected):
         ("保留胡子和眼镜", {"beard": True, "glasses": True}),
         ("请保持中性表情并保留眼镜", {"expression": NEUTRAL, "glasses": True}),
         ("make him 微笑", {"expression": SMILING}),
+        ("別笑，保留眼鏡", {"expression": NEUTRAL, "glasses": True}),  # traditional characters
+        ("張嘴大笑", {"expression": BIG, "mouth": "open"}),
         ("remove 眼镜", {"glasses": False}),  # the English verb reaches the Chinese item
         ("不要 smile", {"expression": NEUTRAL}),  # and the Chinese negator the English smile
         ("不要有任何表情", {"expression": NEUTRAL}),  # a negated 表情
