@@ -155,8 +155,7 @@ def retryable(exc: BaseException) -> bool:
             return True
     if status is not None and str(status) in RETRY_STATUSES:
         return True
-    if status is not None and str(status) in ("400", "StatusCode.INVALID_ARGUMENT"):
-        return False
+    # this client only calls the served pipelines, so "unknown model" is a reload in progress
     return any(marker in text for marker in RETRY_TEXTS)
 
 

@@ -458,15 +458,6 @@ def supervise(args: list[str], env: dict[str, str], settings: Settings) -> int:
     Returns tritonserver's exit code, or 3 after the supervisor gave up on a model (the server
     is stopped first), so that the orchestrator restarts the container."""
     server = subprocess.Popen(args, env=env)
-    stopping = []
-
-    def forward(signum, _frame):
-        stopping.append(signum)
-        if server.poll() is None:
-            server.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
     supervision = Supervision(
         f"127.0.0.1:{HTTP_PORT}",
         server.pid,
@@ -475,7 +466,19 @@ def supervise(args: list[str], env: dict[str, str], settings: Settings) -> int:
         health_host="0.0.0.0",  # noqa: S104 - the kubelet probes the pod IP
         health_port=settings.health_port,
         log=lambda line: print(line, flush=True),
-    ).start()
+    )
+    stopping = []
+
+    def forward(signum, _frame):
+        # first the supervisor, so that stubs ending with the server are not "reloaded"
+        supervision.stop_event.set()
+        stopping.append(signum)
+        if server.poll() is None:
+            server.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    supervision.start()
     try:
         while True:
             try:

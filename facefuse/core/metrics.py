@@ -46,6 +46,28 @@ CUSTOM_METRICS = (
     PIPELINE_FALLBACKS,
 )
 
+# the supervisor (facefuse.serving.supervisor), on its own port (8003) beside Triton's: the
+# names are repeated there (that module imports nothing from facefuse); a test keeps them equal
+SUPERVISOR_FAILURES = "facefuse_supervisor_failures_total"  # counter, labels: model, kind
+SUPERVISOR_RELOADS = "facefuse_supervisor_reloads_total"  # counter, labels: model, outcome
+SUPERVISOR_RECOVERY = "facefuse_supervisor_recovery_seconds"  # histogram, label: model
+SUPERVISOR_MODEL_UP = "facefuse_supervisor_model_up"  # gauge, label: model
+SUPERVISOR_GAVE_UP = "facefuse_supervisor_gave_up"  # gauge, label: model
+SUPERVISOR_READY = "facefuse_supervisor_ready"  # gauge
+SUPERVISOR_LIVE = "facefuse_supervisor_live"  # gauge
+
+SUPERVISOR_METRICS = (
+    SUPERVISOR_FAILURES,
+    SUPERVISOR_RELOADS,
+    SUPERVISOR_RECOVERY + "_bucket",
+    SUPERVISOR_RECOVERY + "_sum",
+    SUPERVISOR_RECOVERY + "_count",
+    SUPERVISOR_MODEL_UP,
+    SUPERVISOR_GAVE_UP,
+    SUPERVISOR_READY,
+    SUPERVISOR_LIVE,
+)
+
 TRITON_METRICS = (
     "nv_inference_request_success",
     "nv_inference_request_failure",

@@ -59,6 +59,7 @@ M_GAVE_UP = "facefuse_supervisor_gave_up"
 M_READY = "facefuse_supervisor_ready"
 M_LIVE = "facefuse_supervisor_live"
 RECOVERY_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300)
+UNLOAD_GRACE_S = 5.0  # how long a reload waits for the unload before it loads anyway
 
 
 class SettingError(ValueError):
@@ -498,6 +499,7 @@ class Supervisor:
         self.gave_up = False
         self.last_tick = clock()
         self._probe_due: dict[str, float] = {}
+        self.stopping = threading.Event()  # run()'s stop event: ends a reload in progress
 
     # ---- discovery
 
@@ -514,6 +516,7 @@ class Supervisor:
             self.models = models
             for watch in models.values():
                 self.metrics.set(M_MODEL_UP, 1, model=watch.name)
+                self.metrics.set(M_GAVE_UP, 0, model=watch.name)
             self.discovered = True
         summary = ",".join(f"{m.name}x{m.expected}" for m in models.values())
         self.log(event_line("watching", models=summary, server_pid=self.server_pid))
@@ -657,6 +660,8 @@ class Supervisor:
         self.server_ok = self.api.server_ready()
         with self.lock:
             failures = self.find_failures()
+        if failures and (self.stopping.is_set() or not self.api.server_live()):
+            return  # processes end with a server that shuts down: nothing to replace
         for model, (kind, detail) in failures.items():
             self.on_failure(model, kind, detail)
         # models taken out whose reload failed earlier: try again (bounded by max_reloads)
@@ -760,10 +765,15 @@ class Supervisor:
         status, text = self.api.unload(name, remaining())
         if status != 200:
             return f"unload answered {status}: {text}"
-        # the unload returns at once; wait until the model is gone and its processes exited
+        # The unload returns at once. Wait until the model is gone, or UNLOAD_GRACE_S: on
+        # Triton 2.51 a request handed to the dead instance while it unloads can hang there
+        # and keep the model UNLOADING for ever; a load then starts new instances beside it
+        # (and sibling instances still finishing requests end when they are done).
         old_pids = {stub.pid for stub in old}
-        killed = False
+        unloaded_at = self.clock()
         while True:
+            if self.stopping.is_set():
+                return "supervisor stopping"
             try:
                 state = self.api.index().get(name, "")
             except (OSError, RuntimeError):
@@ -771,20 +781,22 @@ class Supervisor:
             left = [st for st in self.stubs() if st.pid in old_pids and st.state not in ("Z", "X")]
             if state not in ("READY", "UNLOADING", "?") and not left:
                 break
-            now = self.clock()
-            if now > deadline:
-                return f"still {state or 'listed'} with {len(left)} old process(es) after unload"
-            if left and not killed and now > deadline - 0.5 * self.settings.reload_timeout_s:
-                for stub in left:  # an unload stuck on a process that does not answer
-                    self._kill(stub)
-                killed = True
+            if self.clock() - unloaded_at >= UNLOAD_GRACE_S:
+                self.log(
+                    event_line("unload_pending", model=name, state=state, old_processes=len(left))
+                )
+                break
             self.sleep(0.1)
         status, text = self.api.load(name, remaining())
         if status != 200:
             return f"load answered {status}: {text}"
         while True:
+            if self.stopping.is_set():
+                return "supervisor stopping"
             running = [
-                st for st in self.stubs() if st.model == name and st.state not in ("Z", "X", "T")
+                st
+                for st in self.stubs()
+                if st.model == name and st.pid not in old_pids and st.state not in ("Z", "X", "T")
             ]
             if len(running) >= watch.expected and self.api.model_ready(name):
                 return None
@@ -797,6 +809,7 @@ class Supervisor:
     def run(self, stop: threading.Event) -> int:
         """Discover, then check every ``poll_interval_s`` until ``stop``; 0 when stopped, 1 when
         the server exited, 3 when a model was given up and ``exit_on_give_up`` is set."""
+        self.stopping = stop
         while not stop.is_set() and not self.discovered:
             if not self.server_alive():
                 self.server_exited = True

@@ -24,7 +24,7 @@ from types import ModuleType
 
 import yaml
 
-from facefuse.core.metrics import CUSTOM_METRICS, TRITON_METRICS
+from facefuse.core.metrics import CUSTOM_METRICS, SUPERVISOR_METRICS, TRITON_METRICS
 
 REPO = Path(__file__).resolve().parents[3]
 DOCKER = REPO / "docker"
@@ -44,7 +44,10 @@ TRITON_SUMMARY_METRICS = (
     "nv_inference_compute_output_summary_us",
 )
 KNOWN_METRICS = (
-    frozenset(CUSTOM_METRICS) | frozenset(TRITON_METRICS) | frozenset(TRITON_SUMMARY_METRICS)
+    frozenset(CUSTOM_METRICS)
+    | frozenset(TRITON_METRICS)
+    | frozenset(TRITON_SUMMARY_METRICS)
+    | frozenset(SUPERVISOR_METRICS)  # the supervisor's port (facefuse.serving.supervisor)
 )
 
 # `# TYPE` names of a real scrape of tritonserver 2.51 (nvidia-pytriton 0.7.0) started with

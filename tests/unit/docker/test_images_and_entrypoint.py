@@ -151,8 +151,10 @@ def test_compose_runs_triton_prometheus_and_grafana():
             if source.startswith("./"):
                 assert (DOCKER / source).exists(), source
     prometheus = yaml.safe_load((DOCKER / "prometheus" / "prometheus.yml").read_text())
-    (job,) = prometheus["scrape_configs"]
-    assert job["static_configs"][0]["targets"] == ["facefuse:8002"]
+    jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
+    assert jobs["facefuse"]["static_configs"][0]["targets"] == ["facefuse:8002"]
+    # the supervisor's metrics (issue 33), which the self-healing alerts read
+    assert jobs["facefuse-supervisor"]["static_configs"][0]["targets"] == ["facefuse:8003"]
     assert prometheus["rule_files"] == ["/etc/prometheus/alerts.yaml"]
     gpu = yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())["services"]["facefuse"]
     assert gpu["build"]["dockerfile"] == "docker/Dockerfile"

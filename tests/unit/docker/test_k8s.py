@@ -155,8 +155,15 @@ def test_deployment_probes_shm_security_and_image(rendered, overlay):
     docs = rendered[overlay]
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     c = container(docs)
-    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    # the probes ask the supervisor (issue 33): Triton's /v2/health/* say 200 with a dead model
+    for probe, path in (("livenessProbe", "/live"), ("readinessProbe", "/ready")):
+        assert c[probe]["httpGet"] == {"path": path, "port": "health"}, probe
+    assert c["startupProbe"]["httpGet"] == {"path": "/ready", "port": "health"}
+    ready = c["readinessProbe"]
+    assert ready["periodSeconds"] * ready["failureThreshold"] <= 5, "drained within 5 s"
+    live = c["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] >= 30, "no restart on a blip"
+    assert "FACEFUSE_SUPERVISOR" not in env_of(c), "the supervisor is on (the default)"
     startup = c["startupProbe"]
     startup_s = startup["periodSeconds"] * startup["failureThreshold"]
     assert startup_s >= (1800 if overlay == "gpu" else 600), "long enough for engine builds / loads"
@@ -164,6 +171,7 @@ def test_deployment_probes_shm_security_and_image(rendered, overlay):
         "http": 8000,
         "grpc": 8001,
         "metrics": 8002,
+        "health": 8003,
     }
     volumes = {v["name"]: v for v in pod["volumes"]}
     (shm,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
@@ -219,12 +227,13 @@ def test_service_monitor_pdb_and_hpa_select_the_pods(rendered, overlay):
         "http": 8000,
         "grpc": 8001,
         "metrics": 8002,
+        "health": 8003,
     }
     monitor = one(docs, "ServiceMonitor")
     assert (
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     )
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics", "health"]
     rule = one(docs, "PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == monitor["metadata"]["labels"]["release"]
     pdb = one(docs, "PodDisruptionBudget")
@@ -252,7 +261,7 @@ def test_network_policy_exposes_only_the_inference_ports(rendered, overlay):
         for rule in policy["spec"].get("egress", []):
             assert rule.get("ports"), "no egress rule without port restriction"
     assert open_ports == INFERENCE_PORTS
-    assert monitoring_ports == {8002}
+    assert monitoring_ports == {8002, 8003}  # Triton's metrics, the supervisor's
     (main,) = [p for p in policies if p["metadata"]["name"] == "facefuse"]
     assert main["spec"]["policyTypes"] == ["Ingress", "Egress"]
 
@@ -272,7 +281,10 @@ def test_destination_rule_hashes_on_the_template_header(rendered, overlay):
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert peer["selector"]["matchLabels"].items() <= pod_labels.items()
     assert peer["mtls"] == {"mode": "UNSET"}, "the inference ports keep the mesh's mTLS mode"
-    assert peer["portLevelMtls"] == {"8002": {"mode": "PERMISSIVE"}}, "Prometheus scrapes 8002"
+    assert peer["portLevelMtls"] == {
+        "8002": {"mode": "PERMISSIVE"},
+        "8003": {"mode": "PERMISSIVE"},
+    }, "Prometheus scrapes 8002 and 8003"
     grpc = [p for p in one(docs, "Service")["spec"]["ports"] if p["name"] == "grpc"]
     assert grpc[0]["appProtocol"] == "grpc", "Istio balances gRPC per request only when it knows"
 
