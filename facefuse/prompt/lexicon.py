@@ -455,6 +455,7 @@ EN_SMILE_MODS = {
     **dict.fromkeys(("barely", "bit", "touch", "shy", "shyly", "closed-mouth", "tight"), "slight"),
     **dict.fromkeys(("modest", "closed-lip", "closed-lipped", "tight-lipped", "less"), "slight"),
     **dict.fromkeys(("closed mouth", "closed lips", "subtler", "smaller", "softer"), "slight"),
+    **dict.fromkeys(("tone down", "dial down", "soften", "reduce", "smaller one"), "slight"),
     **dict.fromkeys(("teeth", "with teeth", "showing teeth", "open-mouthed"), "big"),
     **dict.fromkeys(("big", "bigger", "biggest", "broad", "broadly", "wide", "widely"), "big"),
     **dict.fromkeys(("wider", "huge", "large", "toothy", "giant", "enormous", "massive"), "big"),
@@ -482,6 +483,11 @@ EN_ITEMS = {
     **{w: w for w in ("lipstick", "freckles", "tattoo", "scarf", "headphones", "mask", "veil")},
     **{w: w for w in ("piercing", "crown", "tie", "bangs", "wrinkles", "scar", "helmet", "hood")},
     **{w: w for w in ("headband", "bow tie", "goatee", "mustache", "earrings", "hair")},
+    **{w + "s": w for w in ("hat", "cap", "necklace", "mask", "veil", "piercing", "crown")},
+    **{w + "s": w for w in ("tie", "scar", "helmet", "hood", "headband", "goatee", "mustache")},
+    "hairstyle": "hair",
+    "haircut": "hair",
+    "hairdo": "hair",
     "eyeglasses": "glasses",
     "spectacles": "glasses",
     "specs": "glasses",
@@ -531,6 +537,9 @@ EN_STATE_PATTERNS = (
     (rf"\b{_OPEN} {_POSS}(?:wide |big )?eyes?\b", "eyes_open"),
     (rf"\beyes? {_GAP}open(?:ed)?\b|\bwide[- ]eyed\b", "eyes_open"),
     (r"\bblink(?:s|ing)?\b", "eyes_closed"),
+    # "close her eyes, then open them again": the part named before
+    (r"\b(?:open|opens|opened) (?:them|it)\b", "ref_open"),
+    (r"\b(?:close|closes|closed|shut) (?:them|it)\b", "ref_closed"),
     (rf"\b{_CLOSE} {_POSS}(?:mouth|lips)\b", "mouth_closed"),
     (rf"\b(?:mouth|lips) {_GAP}(?:closed|shut|together)\b", "mouth_closed"),
     (rf"\b{_OPEN} {_POSS}(?:wide )?mouth\b|\blips (?:\w+ )?parted\b|\bparted lips\b", "mouth_open"),
@@ -589,6 +598,7 @@ ZH_SMILE_MODS = {
     **dict.fromkeys(("合不拢嘴", "出声", "放声", "咧开嘴", "咧开", "咧着嘴", "张嘴"), "big"),
     **dict.fromkeys(("大一点", "大一些", "更大", "大点", "再大"), "big"),
     **dict.fromkeys(("眯起来", "眯成", "眯眼", "眯起眼", "眯着眼"), "big"),
+    **dict.fromkeys(("满面", "满脸", "洋溢"), "big"),
     **dict.fromkeys(("甜甜", "甜美", "友好", "亲切"), "plain"),
 }
 ZH_NEGATORS = (
@@ -598,6 +608,7 @@ ZH_NEGATORS = (
     "收一收", "收敛", "收住", "收起来", "拿下", "拿下来", "摘下来", "取下来", "拿走",
 )  # fmt: skip
 ZH_KEEPERS = (
+    "别动", "不要动", "不动", "别碰", "不要碰", "保持不变", "不要改", "别改", "不用改",
     "保留", "保持", "留着", "留下", "维持", "不变", "戴", "戴上", "戴着", "加", "加上", "添加",
     "带上", "配上", "有", "穿", "留",
 )  # fmt: skip

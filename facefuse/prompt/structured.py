@@ -273,7 +273,8 @@ EDIT_VERBS = frozenset(
     "make keep add give put remove delete take drop lose get change set turn let use please".split()
 )
 _CLAUSE_AND = re.compile(
-    r"\b(?:and then|then|also|(?:and|but) (?=(?:please )?(?:make|keep|add|remove|give|put|change|"
+    r"\b(?:and then|then|also|or (?:maybe|rather|perhaps|actually|even|just)|"
+    r"(?:and|but) (?=(?:please )?(?:make|keep|add|remove|give|put|change|"
     r"turn|use|set|let|take|delete|drop|get rid|close|open|shut|stop|don't|dont|do not|no|"
     r"smile|laugh|grin|look|wear|without)\b))",
     re.IGNORECASE,

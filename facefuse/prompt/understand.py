@@ -33,6 +33,8 @@ from facefuse.prompt import lexicon as lx
 
 # --- tables ----------------------------------------------------------------------------------
 
+PART_PREVIOUS = "<part named before>"  # "open them again": the eyes or mouth before
+
 
 def _en_table() -> dict[tuple[str, ...], tuple[str, object]]:
     table: dict[tuple[str, ...], tuple[str, object]] = {}
@@ -57,7 +59,7 @@ def _en_table() -> dict[tuple[str, ...], tuple[str, object]]:
         put([phrase], "style", lx.BLACK_AND_WHITE)
     for _, token in lx.EN_STATE_PATTERNS:
         key, value = token.split("_")
-        put([token], "state", (key, value))
+        put([token], "state", (PART_PREVIOUS if key == "ref" else key, value))
     for phrase, value in lx.EN_AGE.items():
         put([phrase], "age", value)
     put(lx.EN_REFERENCES, "ref")
@@ -631,6 +633,10 @@ def _amend(events: list[Event]) -> list[Event]:
             negated = _negated(out[-1]) if out else None
             if negated is not None:
                 out.append(Event(negated.key, negated.value, event.clause, event.order))
+        elif event.key == PART_PREVIOUS:
+            parts = [e for e in out if e.key in ("eyes", "mouth")]
+            if parts:
+                out.append(Event(parts[-1].key, event.value, event.clause, event.order))
         elif event.key == LIGHT_PREVIOUS:
             lights = [e for e in out if e.key == "lighting" and isinstance(e.value, str)]
             if lights:
