@@ -254,7 +254,7 @@ INSTRUCTION_SETS = (
     INSTRUCTIONS_DEV,
     *(
         Path(__file__).with_name(f"instructions_heldout{n}.jsonl")
-        for n in ("", "2", "3", "4", "5", "6", "7", "8")
+        for n in ("", "2", "3", "4", "5", "6", "7", "8", "9")
     ),
 )
 NOT_UNDERSTOOD = "nothing in the instruction was understood"
