@@ -15,6 +15,11 @@ eyes" is ``eyes: open``; two flips cancel ("don't remove the glasses"). Smile st
 from modifiers around the smile word (slight/small/a bit/微微/稍微 -> ``slight smile``,
 big/broad/wide/灿烂/哈哈 -> ``big smile``).
 
+Traditional characters are read as simplified (:func:`to_simplified`). A clause with no
+target of its own amends the one before: "no, don't" negates it, "make it subtle" sets its
+smile's strength, "actually keep them" / "还是留着吧" keeps the item named last, "open them
+again" sets the part named last.
+
 :func:`resolve` folds the events of all clauses in order: a later clause wins, and each
 override is reported as a warning. Expression and mouth are one axis: a smile keeps an
 open-mouth request as ``mouth: "open"``, an open mouth alone is ``expression: "open mouth"``,
