@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build .device/ (git-ignored): what `scripts/gpu_check.sh` needs on the GPU host and is not
 # there. Run from the repository root after `make install` (reads .venv's nvidia-pytriton):
-#   .device/whl/                    diffusers + importlib_metadata wheels (pure Python)
+#   .device/whl/                    diffusers + importlib_metadata wheels (pure Python),
+#                                   tritonclient + protobuf + grpcio (the model config protobuf)
 #   .device/stub-numpy-cp312.tar.xz numpy 1.26.4 for CPython 3.12, tests stripped: the
 #                                   tritonserver 2.51 Python-backend stub breaks with numpy 2
 #   .device/tritonserver.tar.xz     tritonserver + Python backend + stubs 3.11/3.12 + the shared
@@ -21,6 +22,13 @@ quiet() { grep -v '^WARNING: Location' || true; }
 # 1. pure-Python wheels missing on the GPU host (importlib_metadata 8.x: no lazy-importer need)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$DEST/whl" \
   "diffusers==$DIFFUSERS" "importlib_metadata==8.7.0" 2>&1 | quiet
+
+# 1b. the protobuf model config that `facefuse.gpu.served` edits configs with (tritonclient's
+# model_config_pb2 imports grpc): the .venv's versions, built for CPython 3.12
+pins=$($PY -c 'from importlib.metadata import version as v; print(" ".join(f"{p}=={v(p)}" for p in ("tritonclient", "protobuf", "grpcio")))')
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d "$DEST/whl" $pins 2>&1 | quiet
 
 # 2. numpy 1.26.4 for the stub's CPython 3.12, unpacked, tests and type stubs removed
 python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version 3.12 \
