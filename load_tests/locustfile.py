@@ -14,10 +14,15 @@ Options (environment variables, all optional):
   which must fail fast with HTTP 400 (default 0.05);
 - ``FACEFUSE_STEPS``: STEPS sent with every request (default: the server's default);
 - ``FACEFUSE_MAX_USERS``, ``FACEFUSE_STEP_USERS``, ``FACEFUSE_STEP_SECONDS``,
-  ``FACEFUSE_DURATION``: the step load shape (default 4 users, +1 every 30 s, 300 s).
+  ``FACEFUSE_DURATION``: the step load shape (default 4 users, +1 every 30 s, 300 s);
+- ``FACEFUSE_RETRIES``: retries of a "try again" answer (HTTP 503 while the supervisor replaces
+  a model process, a connection reset; ``facefuse.client.retryable``), with the client's
+  backoff, within ``FACEFUSE_RETRY_DEADLINE`` seconds (default 3 and 120; 0 retries: off).
 
 A malformed request counts as a success only when it is refused with 400; a valid one only when
-it returns a PNG. Anything else is a failure in Locust's statistics.
+it returns a PNG. Anything else is a failure in Locust's statistics. Each retried answer is
+recorded as a failure of its own entry, ``facefusion [retried]``, so retries are counted apart
+from the requests (``facefusion``), whose outcome is that of the last attempt.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 import tritonclient.http as httpclient
+from facefuse.client import RetryPolicy, retryable
 from locust import LoadTestShape, User, between, events, task
 from PIL import Image
 
@@ -112,6 +118,10 @@ class FacefuseUser(User):
         )
         self.bad_share = float(_env("FACEFUSE_BAD_SHARE", "0.05"))
         self.steps = os.environ.get("FACEFUSE_STEPS")
+        retries = int(_env("FACEFUSE_RETRIES", "3"))
+        self.retry = RetryPolicy(
+            attempts=retries + 1, deadline_s=float(_env("FACEFUSE_RETRY_DEADLINE", "120"))
+        )
 
     def on_stop(self) -> None:
         self.client.close()
@@ -136,18 +146,36 @@ class FacefuseUser(User):
         elif roll < self.bad_share:
             self._malformed("facefusion [corrupt bytes]", source, CORRUPT, instruction)
         else:
-            started = time.perf_counter()
+            self._fuse_with_retries(_inputs(source, target, instruction, self.steps))
+
+    def _fuse_with_retries(self, inputs) -> None:
+        """One fusion; a "try again" answer is recorded under ``facefusion [retried]`` and the
+        request sent again after the policy's backoff, while attempts and deadline allow."""
+        policy, attempt = self.retry, 0
+        deadline = time.monotonic() + policy.deadline_s
+        started = time.perf_counter()
+        while True:
+            attempt += 1
+            tried = time.perf_counter()
             try:
-                result = self.client.infer(
-                    contract.FACEFUSION.name, _inputs(source, target, instruction, self.steps)
-                )
+                result = self.client.infer(contract.FACEFUSION.name, inputs)
                 png = result.as_numpy(contract.IMAGE.name).reshape(-1)[0]
                 error = (
                     None if png[:8] == b"\x89PNG\r\n\x1a\n" else ValueError("IMAGE is not a PNG")
                 )
                 self._record("facefusion", started, len(png), error)
+                return
             except Exception as exc:
-                self._record("facefusion", started, 0, exc)
+                pause = policy.delay(attempt)
+                if (
+                    attempt >= policy.attempts
+                    or not retryable(exc)
+                    or time.monotonic() + pause >= deadline
+                ):
+                    self._record("facefusion", started, 0, exc)
+                    return
+                self._record("facefusion [retried]", tried, 0, exc)
+                time.sleep(pause)  # gevent-patched under Locust
 
     def _malformed(self, name: str, source: bytes, target: bytes, instruction: str) -> None:
         started = time.perf_counter()

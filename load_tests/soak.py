@@ -14,6 +14,19 @@ samples after warm-up with the median of the last 10%. Bounded: ``--duration`` s
 at most ``--max-requests`` requests; loopback addresses only.
 
     python load_tests/soak.py --repository model_repository --users 4 --duration 600
+
+Chaos mode (issue 33): ``--kill-every 60`` SIGKILLs the process of a random Python-backend
+model (a ``triton_python_backend_stub`` child of tritonserver) every 60 s, while the
+supervisor (``facefuse.serving.supervisor``: started here with ``--repository``; with
+``--url``, the server must be ``facefuse serve`` and ``--health-url`` its supervisor) replaces
+it. It also polls the supervisor's ``/ready`` and ``/live`` and writes
+``reports/soak_chaos.json``: per kill the model, the requests that failed, the seconds to the
+first success of a request sent after the kill, the share of requests sent from 15 s after the
+kill that succeeded, and what the probes said; over the run the failures by class (a clean
+503/UNAVAILABLE "try again", a timeout, anything else) and the longest request.
+
+    python load_tests/soak.py --repository model_repository --users 4 --duration 600 \
+        --kill-every 60 --out reports/soak-chaos
 """
 
 from __future__ import annotations
@@ -21,11 +34,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
+import random
 import re
+import signal
 import statistics
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +79,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--max-growth-pct", type=float, default=None, help="exit 1 when growth exceeds this"
     )
+    parser.add_argument(
+        "--kill-every",
+        type=float,
+        default=None,
+        help="chaos: SIGKILL a random model process every this many seconds (e.g. 60)",
+    )
+    parser.add_argument(
+        "--health-url",
+        default=None,
+        help="the supervisor's base URL (with --url), e.g. http://127.0.0.1:8003",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a request may take before it counts as a timeout (default 120)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the chaos victims")
     args = parser.parse_args(argv)
+    if args.kill_every is not None and not 5 <= args.kill_every <= 3600:
+        parser.error(f"--kill-every {args.kill_every}: expected 5..3600 seconds")
+    if not 1 <= args.request_timeout <= 3600:
+        parser.error(f"--request-timeout {args.request_timeout}: expected 1..3600 seconds")
+    if args.health_url is not None and not args.health_url.startswith(
+        tuple(f"http://{h}" for h in LOOPBACK)
+    ):
+        parser.error(f"--health-url {args.health_url}: loopback http only")
     if args.url is not None:
         host = args.url.rsplit(":", 1)[0]
         if host not in LOOPBACK:
@@ -118,6 +161,9 @@ class Tally:
     errors: dict[str, int] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # (sent, done, ok, failure class) of every request, seconds since the start
+    requests: list[tuple[float, float, bool, str]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
 
     def total(self) -> int:
         with self.lock:
@@ -132,7 +178,9 @@ def user(index: int, url: str, args, tally: Tally, stop: threading.Event) -> Non
     from facefuse.core.samples import sample_pair
 
     source, target = sample_pair()
-    client = httpclient.InferenceServerClient(url, network_timeout=600)
+    client = httpclient.InferenceServerClient(
+        url, network_timeout=args.request_timeout, connection_timeout=args.request_timeout
+    )
 
     n = 0
     try:
@@ -143,20 +191,130 @@ def user(index: int, url: str, args, tally: Tally, stop: threading.Event) -> Non
             )
             inputs = contract.infer_inputs(httpclient, contract.FACEFUSION, request)
             started = time.perf_counter()
+            sent = time.monotonic() - tally.started
             try:
                 client.infer(contract.FACEFUSION.name, inputs)
                 with tally.lock:
                     tally.ok += 1
                     tally.latencies.append(time.perf_counter() - started)
+                    tally.requests.append((sent, time.monotonic() - tally.started, True, ""))
             except (InferenceServerException, OSError) as exc:
                 key = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
                 with tally.lock:
                     tally.failed += 1
                     tally.errors[key] = tally.errors.get(key, 0) + 1
+                    done = time.monotonic() - tally.started
+                    tally.requests.append((sent, done, False, failure_class(exc)))
+                    tally.latencies.append(time.perf_counter() - started)
                 stop.wait(1.0)
             n += 1
     finally:
         client.close()
+
+
+def failure_class(exc: BaseException) -> str:
+    """ "unavailable": a clean "try again" answer (HTTP 503 naming the model and the retry hint,
+    or Triton's own line when a pipeline's own process died or is being reloaded);
+    "timeout": no answer within --request-timeout; "other": anything else."""
+    text = str(exc)
+    status = str(getattr(exc, "status", lambda: "")() or "")
+    if "timed out" in text.lower() or isinstance(exc, TimeoutError):
+        return "timeout"
+    if status == "503" or any(
+        m in text for m in ("is unavailable", "is not healthy", "unknown model", "is not ready")
+    ):
+        return "unavailable"
+    return "other"
+
+
+class Chaos:
+    """Every ``every`` s, SIGKILL one random stub of ``server_pid``; poll /ready and /live."""
+
+    def __init__(self, server_pid: int, every: float, health_url: str | None, seed: int, t0):
+        self.server_pid, self.every, self.health_url = server_pid, every, health_url
+        self.rng = random.Random(seed)
+        self.t0 = t0
+        self.kills: list[dict] = []
+        self.probes: list[tuple[float, int | None, int | None]] = []  # t, ready, live
+
+    def probe(self, path: str) -> int | None:
+        try:
+            with urllib.request.urlopen(self.health_url + path, timeout=5) as r:  # noqa: S310
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return None
+
+    def run(self, stop: threading.Event) -> None:
+        next_kill = self.every
+        while not stop.is_set():
+            t = time.monotonic() - self.t0
+            if self.health_url:
+                self.probes.append((t, self.probe("/ready"), self.probe("/live")))
+            if t >= next_kill:
+                stubs = [r for r in process_table(self.server_pid) if r[0] != "tritonserver"]
+                if stubs:
+                    model, pid, _ = self.rng.choice(stubs)
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        self.kills.append({"t_s": round(t, 2), "model": model, "pid": pid})
+                        print(f"chaos: t={t:.0f} s killed {model} (pid {pid})", flush=True)
+                    except ProcessLookupError:
+                        pass
+                next_kill += self.every
+            stop.wait(0.5)
+
+    def report(self, tally: Tally, end: float, timeout_s: float) -> dict:
+        with tally.lock:
+            requests = list(tally.requests)
+        per_kill = []
+        for i, kill in enumerate(self.kills):
+            t = kill["t_s"]
+            until = self.kills[i + 1]["t_s"] if i + 1 < len(self.kills) else end
+            window = [r for r in requests if t <= r[1] and r[0] < until]
+            failed = [r for r in window if not r[2]]
+            first_ok = min((r[1] for r in requests if r[2] and r[0] >= t), default=None)
+            late = [r for r in requests if t + 15 <= r[0] < until]
+            probes = [p for p in self.probes if t <= p[0] < until]
+            not_ready = [p for p in probes if p[1] != 200]
+            back = next((p[0] for p in probes if p[0] > t and p[1] == 200 and not_ready
+                         and p[0] > not_ready[0][0]), None)  # fmt: skip
+            per_kill.append(
+                {
+                    **kill,
+                    "requests": len(window),
+                    "failed": len(failed),
+                    "failed_by_class": _count(r[3] for r in failed),
+                    "s_to_first_success": round(first_ok - t, 1) if first_ok else None,
+                    "ok_share_from_15_s": round(sum(r[2] for r in late) / len(late), 4)
+                    if late
+                    else None,
+                    "ready_503_polls": len(not_ready),
+                    "ready_back_after_s": round(back - t, 1) if back else None,
+                    "live_failed_polls": sum(1 for p in probes if p[2] != 200),
+                }
+            )
+        failed = [r for r in requests if not r[2]]
+        return {
+            "kill_every_s": self.every,
+            "kills": len(self.kills),
+            "requests": len(requests),
+            "ok": sum(r[2] for r in requests),
+            "ok_share": round(sum(r[2] for r in requests) / len(requests), 4) if requests else None,
+            "failed_by_class": _count(r[3] for r in failed),
+            "longest_request_s": round(max((r[1] - r[0] for r in requests), default=0), 1),
+            "request_timeout_s": timeout_s,
+            "hangs": sum(1 for r in requests if r[1] - r[0] > timeout_s + 5),
+            "per_kill": per_kill,
+        }
+
+
+def _count(items) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out
 
 
 def growth_pct(times: list[float], totals: list[float], warmup: float) -> float | None:
@@ -193,7 +351,9 @@ def chart(rows: list[dict], times, totals, warmup: float, path: Path) -> None:
     plt.close(fig)
 
 
-def soak(args, url: str, server_pid: int, metrics_url: str | None) -> dict:
+def soak(
+    args, url: str, server_pid: int, metrics_url: str | None, health_url: str | None = None
+) -> dict:
     tally, stop = Tally(), threading.Event()
     threads = [
         threading.Thread(target=user, args=(i, url, args, tally, stop), daemon=True)
@@ -201,7 +361,11 @@ def soak(args, url: str, server_pid: int, metrics_url: str | None) -> dict:
     ]
     rows: list[dict] = []
     times, totals, cache = [], [], []
-    started = time.monotonic()
+    started = tally.started
+    chaos = None
+    if args.kill_every:
+        chaos = Chaos(server_pid, args.kill_every, health_url, args.seed, started)
+        threads.append(threading.Thread(target=chaos.run, args=(stop,), daemon=True))
     for thread in threads:
         thread.start()
     while True:
@@ -248,6 +412,12 @@ def soak(args, url: str, server_pid: int, metrics_url: str | None) -> dict:
     if summary["rss_growth_after_warmup_pct"] is not None:
         summary["rss_growth_after_warmup_pct"] = round(summary["rss_growth_after_warmup_pct"], 2)
     (args.out / "soak_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if chaos is not None:
+        report = chaos.report(tally, elapsed, args.request_timeout)
+        report["rss_growth_after_warmup_pct"] = summary["rss_growth_after_warmup_pct"]
+        report["rss_total_mb_max"] = summary["rss_total_mb_max"]
+        (args.out / "soak_chaos.json").write_text(json.dumps(report, indent=2) + "\n")
+        summary["chaos"] = {k: v for k, v in report.items() if k != "per_kill"}
     return summary
 
 
@@ -255,14 +425,35 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.repository is not None:
         from facefuse.serving.server import LocalTritonServer, ServerConfig
+        from facefuse.serving.supervisor import Supervision, SupervisorSettings
 
         args.out.mkdir(parents=True, exist_ok=True)
-        config = ServerConfig(repository=args.repository)
+        # as `facefuse serve` runs it: explicit model control, the supervisor beside it
+        config = ServerConfig(repository=args.repository, model_control_explicit=True)
         print(f"starting tritonserver on {args.repository} ...", flush=True)
         with LocalTritonServer(config, log_path=args.out / "soak_server.log") as server:
-            summary = soak(args, server.http_url, server.process.pid, server.metrics_url)
+            events = open(args.out / "soak_supervisor.log", "w")
+            supervision = Supervision(
+                server.http_url,
+                server.process.pid,
+                config.admin_key,
+                SupervisorSettings(),
+                health_port=0,
+                log=lambda line: (events.write(line + "\n"), events.flush()),
+            ).start()
+            try:
+                summary = soak(
+                    args,
+                    server.http_url,
+                    server.process.pid,
+                    server.metrics_url,
+                    supervision.health_url,
+                )
+            finally:
+                supervision.stop()
+                events.close()
     else:
-        summary = soak(args, args.url, args.server_pid, args.metrics_url)
+        summary = soak(args, args.url, args.server_pid, args.metrics_url, args.health_url)
     print(json.dumps(summary, indent=2))
     growth = summary["rss_growth_after_warmup_pct"]
     print(
