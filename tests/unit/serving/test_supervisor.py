@@ -467,3 +467,27 @@ def test_no_reload_while_the_server_shuts_down():
     triton.die("unet")
     sup.tick()
     assert ("unload", "unet") not in triton.calls and not events(lines, "failure")
+
+
+def test_exit_on_give_up_ends_the_loop_with_code_3():
+    sup, triton, _, lines = make(max_reloads=1, exit_on_give_up=True, poll_interval_s=0.1)
+    original = triton.load
+
+    def load_then_die(model, timeout_s):  # a model that dies right after each load
+        answer = original(model, timeout_s)
+        triton.pending_death = model
+        return answer
+
+    triton.load = load_then_die
+    listed = triton.list_stubs
+
+    def stubs_after_death():
+        if getattr(triton, "pending_death", None) and sup.models["unet"].state == "up":
+            triton.die(triton.pending_death)
+            triton.pending_death = None
+        return listed()
+
+    sup.stubs = stubs_after_death
+    triton.die("unet")
+    assert sup.run(threading.Event()) == 3
+    assert len(events(lines, "gave_up")) == 1 and len(events(lines, "exit")) == 1
