@@ -77,6 +77,139 @@ def register(subparsers) -> None:
     parser.add_argument("--sheet-rows", type=int, default=8, help="pairs on the contact sheet")
     parser.add_argument("--timeout", type=float, default=600.0, help="request timeout, seconds")
     parser.set_defaults(func=run)
+    register_expression(subparsers)
+
+
+def register_expression(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "expression-eval",
+        help="judge whose expression the served fusion wears and the smile / neutral edits on "
+        "London people (their own smiling photo is the measure)",
+        description=(
+            "For pairs of different London people (A, B): A neutral onto B smiling and A "
+            "smiling onto B neutral with nothing asked, 'make them smile' (and slight / big) on "
+            "a neutral B, 'keep a neutral expression' on a smiling B, through the served "
+            "facefusion model. Reports each output's share of A's own smile (dlib 68: mouth "
+            "width over outer-eye span and the corners' rise over the lips' middle, from A's "
+            "neutral to A's smiling photo), descriptor distance to A's photo of the same "
+            "expression and to B, face found, B's PSNR outside the face and latency; writes "
+            "report.json and a contact sheet. Without --url a local tritonserver is started "
+            "on --repository; --in-process runs the repository's ONNX files in this process."
+        ),
+    )
+    parser.add_argument("--london", type=Path, required=True,
+                        help="folder with neutral/ID.jpg and smiling/ID.jpg")  # fmt: skip
+    ids = parser.add_mutually_exclusive_group(required=True)
+    ids.add_argument("--ids", default=None, help="comma-separated IDs")
+    ids.add_argument("--ids-file", type=Path, default=None, help="file of IDs, one a line")
+    parser.add_argument("--repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--url", default=None, help="gRPC host:port of a running server")
+    parser.add_argument("--in-process", action="store_true",
+                        help="no server: the repository's pipeline in this process")  # fmt: skip
+    parser.add_argument("--pairs", type=int, default=None, help="pairs (default: one per ID)")
+    parser.add_argument("--seed", type=int, default=1, help="pair draw")
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated subset of the cases (default all)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("reports/expression-eval"))
+    parser.add_argument("--sheet", type=Path, default=None,
+                        help="also write the contact sheet here")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.set_defaults(func=run_expression)
+
+
+def run_expression(args: argparse.Namespace) -> int:
+    from PIL import Image
+
+    from facefuse.core.errors import InvalidInput
+    from facefuse.quality.fusion_eval import (
+        CASE_TITLES,
+        EXPRESSION_CASES,
+        FaceMeter,
+        evaluate_expression,
+        to_json,
+    )
+
+    ids = _ids(args)
+    for kind in ("neutral", "smiling"):
+        if not (args.london / kind).is_dir():
+            raise InvalidInput("--london", f"needs {kind}/ID.jpg photos: {args.london / kind}")
+    cases = tuple(EXPRESSION_CASES) if args.cases is None else tuple(args.cases.split(","))
+    unknown = [c for c in cases if c not in EXPRESSION_CASES]
+    if unknown:
+        raise InvalidInput("--cases", f"unknown {unknown}; choose from {list(EXPRESSION_CASES)}")
+    if args.pairs is not None and args.pairs < 1:
+        raise InvalidInput("--pairs", f"must be at least 1, got {args.pairs}")
+    if args.url is None and not args.repository.is_dir():
+        raise InvalidInput("--repository", f"must be a model repository folder: {args.repository}")
+    args.size = None
+    size = _size(args)
+    meter = FaceMeter()
+    started = time.perf_counter()
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    def run_with(fuse) -> tuple[dict, object]:
+        return evaluate_expression(
+            args.london, ids, fuse, args.pairs, args.seed, size, cases, meter, log
+        )
+
+    if args.in_process:
+        from facefuse.bench.e2e import in_process_pipeline
+        from facefuse.diffusion.pipeline import params_from
+
+        pipeline = in_process_pipeline(args.repository)
+        params = params_from(steps=pipeline.default_steps, strength=pipeline.default_strength)
+        report, sheet = run_with(lambda a, b, text: pipeline.fuse_png(a, b, text, params))
+        where = f"in process on {args.repository}"
+    else:
+        from facefuse.client import Client
+
+        def served(url: str):
+            with Client(url, "grpc", args.timeout) as client:
+
+                def fuse(a: bytes, b: bytes, text: str):
+                    result = client.fuse(a, b, text)
+                    return result.png, result.info
+
+                return run_with(fuse)
+
+        if args.url is not None:
+            report, sheet = served(args.url)
+            where = args.url
+        else:
+            from facefuse.serving.server import LocalTritonServer, ServerConfig
+
+            args.out.mkdir(parents=True, exist_ok=True)
+            log_path = args.out / "tritonserver.log"
+            print(f"starting tritonserver on {args.repository} (log: {log_path}) ...", flush=True)
+            with LocalTritonServer(
+                ServerConfig(repository=args.repository), log_path=log_path
+            ) as s:
+                report, sheet = served(s.grpc_url)
+            where = f"local tritonserver on {args.repository}"
+    report["config"]["server"] = where
+    report["total_seconds"] = round(time.perf_counter() - started, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.json").write_text(json.dumps(to_json(report), indent=2) + "\n")
+    if sheet is not None:
+        Image.fromarray(sheet).save(args.out / "contact_sheet.png")
+        if args.sheet is not None:
+            args.sheet.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(sheet).save(args.sheet)
+    summary = to_json(report)["summary"]
+    for case in cases:
+        s = summary[case]
+        print(
+            f"{CASE_TITLES[case]}: n {s['n']}, own smile median {s['smile_share_median']} "
+            f"(>= 40%: {s['smile_share_at_least_40']}), corner rise {s['rise_share_median']}, "
+            f"d(A same) {s['median_distance_a_same']}, nearer A {s['nearer_a_share']}, "
+            f"found {s['face_found_share']}, PSNR out min {s['psnr_outside_min_db']}, "
+            f"latency {s['latency_ms_median']} ms"
+        )
+    print(f"ordering: {to_json(report)['ordering']}")
+    print(f"wrote {args.out / 'report.json'}")
+    return 0
 
 
 def _size(args) -> int:

@@ -111,6 +111,16 @@ EXPRESSION_MOUTH_OPEN = Tensor(
     "EXPRESSION_MOUTH_OPEN", "FP32", (1,), True, None, (0.0, 1.0),
     doc="added lip parting (1.0: 0.25 eye spans; overrides the words)",
 )  # fmt: skip
+# which faces of B (several people in the photo): FaceFusion's face selector
+FACE_SELECTS = ("largest", "all", "reference")
+FACE_SELECT = Tensor(
+    "FACE_SELECT", "BYTES", (1,), True,
+    doc='"largest" (default), "all", or "reference" (default when REFERENCE_FACE is sent)',
+)  # fmt: skip
+REFERENCE_FACE = Tensor(
+    "REFERENCE_FACE", "BYTES", (1,), True,
+    doc="a photo of the person in B to fuse (PNG, JPEG or WebP): the face most like it",
+)  # fmt: skip
 IMAGE = Tensor("IMAGE", "BYTES", (1,), doc="the result as PNG bytes")
 INFO = Tensor("INFO", "BYTES", (1,), doc="JSON: tokens, cache hits, steps, per-stage ms")
 
@@ -150,7 +160,7 @@ FACEFUSION = Model(
     "facefusion",
     (
         SOURCE_IMAGE, TARGET_IMAGE, INSTRUCTION, STEPS, STRENGTH, GUIDANCE, SEED,
-        EXPRESSION_SOURCE, EXPRESSION_SMILE, EXPRESSION_MOUTH_OPEN,
+        EXPRESSION_SOURCE, EXPRESSION_SMILE, EXPRESSION_MOUTH_OPEN, FACE_SELECT, REFERENCE_FACE,
     ),
     (IMAGE, INFO),
 )  # fmt: skip
@@ -165,7 +175,7 @@ TEXT_ENCODER = Model(
 )
 FACE_ANALYZER = Model(
     "face_analyzer",
-    (SOURCE_IMAGE, TARGET_IMAGE, SIZE, EXPRESSION),
+    (SOURCE_IMAGE, TARGET_IMAGE, SIZE, EXPRESSION, REFERENCE_FACE),
     (COMPOSITE, MASK, CROP_BOX, INFO),
 )
 UNET = Model("unet", (SAMPLE, TIMESTEP, ENCODER_HIDDEN_STATES), (NOISE_PRED,), max_batch_size=16)
@@ -237,6 +247,20 @@ def check_expression_inputs(
             raise InvalidInput(tensor.name, f"must be a number in [{low}, {high}], got {value!r}")
 
 
+def check_face_select(select: str | None, has_reference: bool) -> str:
+    """The face selection a request asks for (absent: "reference" with a REFERENCE_FACE,
+    else "largest"); InvalidInput naming the field."""
+    from facefuse.core.errors import InvalidInput
+
+    if select is None:
+        return "reference" if has_reference else "largest"
+    if select not in FACE_SELECTS:
+        raise InvalidInput(FACE_SELECT.name, f"must be one of {list(FACE_SELECTS)}, got {select!r}")
+    if select == "reference" and not has_reference:
+        raise InvalidInput(REFERENCE_FACE.name, 'is required when FACE_SELECT is "reference"')
+    return select
+
+
 def facefusion_request(
     source: bytes,
     target: bytes,
@@ -248,6 +272,8 @@ def facefusion_request(
     expression_source: str | None = None,
     expression_smile: float | None = None,
     expression_mouth_open: float | None = None,
+    face_select: str | None = None,
+    reference_face: bytes | None = None,
 ) -> dict[str, np.ndarray]:
     """name -> array of one ``facefusion`` request, validated as the server validates it.
 
@@ -261,10 +287,13 @@ def facefusion_request(
         _params(FACEFUSION, steps=steps, strength=strength, guidance=guidance, seed=seed)
     )
     check_expression_inputs(expression_source, expression_smile, expression_mouth_open)
+    check_face_select(face_select, reference_face is not None)
     for tensor, value in (
         (EXPRESSION_SOURCE, expression_source),
         (EXPRESSION_SMILE, expression_smile),
         (EXPRESSION_MOUTH_OPEN, expression_mouth_open),
+        (FACE_SELECT, face_select),
+        (REFERENCE_FACE, reference_face),
     ):
         if value is not None:
             tensors[tensor.name] = tensor.scalar(value)

@@ -47,8 +47,9 @@ class Stages:
     # analyze_faces with an expression edit (JSON of facefuse.face.expression_edit's
     # ExpressionEdit) -> (composite, mask, crop_box, info dict); when given, fusion moves A's
     # face to B's expression plus the instruction's edits (issue 30)
+    # (its fifth argument: REFERENCE_FACE's bytes or None, for the face selection)
     analyze_faces_expression: (
-        Callable[[bytes, bytes, int, str], tuple[np.ndarray, np.ndarray, np.ndarray, dict]] | None
+        Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, dict]] | None
     ) = None
 
 
@@ -294,7 +295,7 @@ class Pipeline:
             "denoise", denoise, self.stages.unet, scheduler, request, self.stages.deep_cache
         )
 
-    def _analyze(self, timer: Timer, source, target, instruction, expression):
+    def _analyze(self, timer: Timer, source, target, instruction, expression, reference=None):
         """(composite, mask, crop_box, face info): with the expression stage, A's face moved to
         the chosen expression plus the instruction's words and the request's numbers."""
         size = self.manifest.image_size
@@ -306,7 +307,13 @@ class Pipeline:
             **{**(expression or {}), "words": words_from_instruction(instruction)}
         )
         return timer.run(
-            "face", self.stages.analyze_faces_expression, source, target, size, edit.to_json()
+            "face",
+            self.stages.analyze_faces_expression,
+            source,
+            target,
+            size,
+            edit.to_json(),
+            reference,
         )
 
     def fuse(
@@ -318,6 +325,7 @@ class Pipeline:
         auto_steps: bool = False,
         should_stop: Callable[[], bool] | None = None,
         expression: dict | None = None,
+        reference: bytes | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
         """Returns (fused crop HxWx3 in [0,1], mask, crop_box, info); the caller pastes back.
 
@@ -326,10 +334,12 @@ class Pipeline:
         ``expression``: the request's expression fields as ExpressionEdit keywords
         (``source``, ``smile``, ``mouth_open``; absent: B's expression); the instruction's words
         are added here. Used only where the stages have ``analyze_faces_expression``;
-        ``info["expression"]`` then reports what was applied."""
+        ``info["expression"]`` then reports what was applied. ``expression`` may also name
+        ``face_select`` and ``face_index`` (which face of B; ``reference``: REFERENCE_FACE's
+        bytes), ``info["faces"]`` reports them."""
         timer = Timer()
         composite, mask, crop_box, face_info = self._analyze(
-            timer, source, target, instruction, expression
+            timer, source, target, instruction, expression, reference
         )
         adaptive = None
         if auto_steps and self.adaptive_steps:
@@ -388,9 +398,22 @@ class Pipeline:
         fused, mask, crop_box, info = self.fuse(source, target, instruction, params, **kwargs)
         started = time.perf_counter()
         target_rgb = decode_image(target, TARGET_IMAGE.name)
-        png = encode_png(
-            paste_back(target_rgb, fused, FusionPlan.from_arrays(fused, mask, crop_box))
-        )
+        result = paste_back(target_rgb, fused, FusionPlan.from_arrays(fused, mask, crop_box))
+        chosen = info.get("faces", {}).get("fused", [])
+        if len(chosen) > 1:  # FACE_SELECT "all": each further face gets the same treatment
+            expression = dict(kwargs.pop("expression", None) or {})
+            info["faces"]["each"] = [info.pop("expression", None)]
+            for index in range(1, len(chosen)):
+                fused, mask, crop_box, more = self.fuse(
+                    source, target, instruction, params,
+                    expression={**expression, "face_index": index}, **kwargs,
+                )  # fmt: skip
+                plan = FusionPlan.from_arrays(fused, mask, crop_box)
+                result = paste_back(result, fused, plan)
+                info["faces"]["each"].append(more.get("expression"))
+                for stage, ms in more["stage_ms"].items():
+                    info["stage_ms"][stage] = round(info["stage_ms"].get(stage, 0.0) + ms, 2)
+        png = encode_png(result)
         info["stage_ms"]["paste_png"] = round(1000 * (time.perf_counter() - started), 2)
         return png, info
 

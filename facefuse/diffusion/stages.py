@@ -71,7 +71,10 @@ def local_stages(
         )
         return plan.to_arrays()
 
-    def analyze_faces_expression(source: bytes, target: bytes, size: int, expression: str):
+    def analyze_faces_expression(
+        source: bytes, target: bytes, size: int, expression: str, reference: bytes | None = None
+    ):
+        from facefuse.core.contract import REFERENCE_FACE
         from facefuse.face.expression_edit import ExpressionEdit
 
         plan = prepare_fusion(
@@ -79,6 +82,9 @@ def local_stages(
             decode_image(target, TARGET_IMAGE.name),
             size,
             expression=ExpressionEdit.from_json(expression),
+            reference_rgb=None
+            if reference is None
+            else decode_image(reference, REFERENCE_FACE.name),
         )
         return (*plan.to_arrays(), plan.info or {})
 

@@ -252,6 +252,24 @@ def find_face_traced(
     return None, runs
 
 
+def find_faces(rgb: np.ndarray, stages: Sequence[str] | None = None) -> list[Face]:
+    """Every face that the first stage with a hit finds in its first frame with a hit, largest
+    first ([] when no stage finds one); the first is :func:`find_face`'s main face."""
+    rgb = _check_rgb(rgb)
+    stages = tuple(stages) if stages is not None else default_stages()
+    base = _scaled(rgb, DETECT_SIDE)
+    for name in stages:
+        detector_name, rotated = name.removesuffix("-rotated"), name.endswith("-rotated")
+        detector = _DETECTORS[detector_name]
+        for frame in (_rotated(base, a) for a in ROTATIONS) if rotated else (base,):
+            hits = detector(frame)
+            if hits:
+                hits.sort(key=lambda h: (h[0][2] - h[0][0]) * (h[0][3] - h[0][1]), reverse=True)
+                return [_to_face(rgb.shape, frame, rect, score, detector_name)
+                        for rect, score in hits]  # fmt: skip
+    return []
+
+
 def warm_up(stages: Sequence[str] | None = None) -> None:
     """Load every model the chain uses in the calling thread (models are per thread; dlib's
     HOG alone takes seconds to build). :func:`facefuse.face.fusion.warm_up` does it in the

@@ -77,6 +77,11 @@ class ExpressionModel:
         inverse = np.vstack([matrix, [0.0, 0.0, 1.0]])
         return apply(np.linalg.inv(inverse)[:2], moved)
 
+    @property
+    def neutral_band(self) -> np.ndarray:
+        """Per mode, how far the training people's neutral photos read from 0 (median |c|)."""
+        return np.asarray(self.meta.get("neutral_band", [0.0] * len(MODES)), np.float64)
+
     def as_dict(self, coefficients: np.ndarray) -> dict[str, float]:
         return {name: round(float(v), 3) for name, v in zip(MODES, coefficients, strict=True)}
 

@@ -111,8 +111,15 @@ def fit(meshes: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple:
     expression = np.array([rigid_free(template, v) for v in np.vstack([base, extra])])
     centred = (neutral - template).reshape(len(people), -1)
     identity = np.linalg.svd(centred, full_matrices=False)[2][: ex.IDENTITY_MODES]
+    fitted = ex.ExpressionModel(template, identity, expression, {})
+    neutral_coefficients = np.array([fitted.coefficients(meshes[q][0]) for q in people])
     meta = {
         "people": people,
+        # how far the training people's neutral photos read from 0 (median of |c|
+        # per mode): coefficients within it are face shape, not expression
+        "neutral_band": [
+            round(float(v), 4) for v in np.percentile(np.abs(neutral_coefficients), 50, axis=0)
+        ],
         "source": "Face Research Lab London Set, DeBruine & Jones 2017, CC BY 4.0 "
         "(doi 10.6084/m9.figshare.5047666.v5); landmarks: MediaPipe FaceMesh",
         "modes": list(ex.MODES),

@@ -20,9 +20,10 @@ import cv2
 import numpy as np
 
 from facefuse.core.contract import SOURCE_IMAGE, TARGET_IMAGE
+from facefuse.core.errors import NoFaceFound
 from facefuse.face import detect, geometry
 from facefuse.face.color import match_color
-from facefuse.face.detect import Face, detect_face
+from facefuse.face.detect import Face, detect_face, find_faces
 from facefuse.face.expression import default_model as expression_model
 from facefuse.face.expression_edit import ExpressionEdit
 from facefuse.face.facemesh import face_mesh
@@ -120,6 +121,24 @@ def _detect_both(source_rgb, target_rgb, stages) -> tuple[Face, Face]:
     return source_job.result(), target_job.result()
 
 
+def _detect_chosen(source_rgb, target_rgb, stages, edit: ExpressionEdit, reference_rgb):
+    """A's main face, the chosen face of B (every face of B found, one chosen by the edit's
+    selection and index) and the selection's info."""
+    from facefuse.face.select import choose
+
+    source_job = _DETECT_POOL.submit(detect_face, source_rgb, SOURCE_FIELD, stages)
+    target_job = _DETECT_POOL.submit(find_faces, target_rgb, stages)
+    wait((source_job, target_job))
+    source_face, faces = source_job.result(), target_job.result()
+    if not faces:
+        raise NoFaceFound(TARGET_FIELD)
+    chosen, info = choose(target_rgb, faces, edit.face_select, reference_rgb)
+    if edit.face_index >= len(chosen):
+        raise ValueError(f"face_index {edit.face_index} but {len(chosen)} face(s) chosen")
+    info["this"] = chosen[edit.face_index]
+    return source_face, faces[chosen[edit.face_index]], info
+
+
 def warm_up(stages: Sequence[str] | None = None) -> None:
     """Build the detectors in both detection threads now (dlib's HOG takes seconds), e.g. in
     a Triton ``initialize``, so the first request does not pay for it."""
@@ -140,6 +159,7 @@ def prepare_fusion(
     stages: Sequence[str] | None = None,
     feather: float = FEATHER,
     expression: ExpressionEdit | None = None,
+    reference_rgb: np.ndarray | None = None,
 ) -> FusionPlan:
     """Detect, align, colour-match and mask (``feather``: the mask's ramp width as a share of
     the face ellipse's shorter semi-axis); see the module docstring.
@@ -148,14 +168,24 @@ def prepare_fusion(
     :class:`~facefuse.face.expression_edit.ExpressionEdit`): FaceMesh points of both faces,
     coefficients of :mod:`~facefuse.face.expression`, A's points retargeted, and A's pixels
     warped piecewise-affinely in the crop (one resampling from A's photo); ``plan.info``
-    reports it. None keeps A's expression (the paste of before).
+    reports it. None keeps A's expression (the paste of before). With ``expression`` every
+    face of B is found and ``expression.face_select`` chooses which to fuse
+    (:func:`~facefuse.face.select.choose`; "reference" compares with ``reference_rgb``); this
+    call fuses the ``expression.face_index``-th of them and ``plan.info["faces"]`` says how
+    many were found and which are fused.
 
     Raises NoFaceFound(SOURCE_FIELD) or NoFaceFound(TARGET_FIELD) when a face is missing.
     """
     if int(size) < 8:
         raise ValueError(f"prepare_fusion: size must be at least 8, got {size}")
     size = int(size)
-    source_face, target_face = _detect_both(source_rgb, target_rgb, stages)
+    info: dict = {}
+    if expression is None:
+        source_face, target_face = _detect_both(source_rgb, target_rgb, stages)
+    else:
+        source_face, target_face, info["faces"] = _detect_chosen(
+            source_rgb, target_rgb, stages, expression, reference_rgb
+        )
 
     ellipse = geometry.face_ellipse(target_face.left_eye, target_face.right_eye)
     box = geometry.crop_box(ellipse, target_rgb.shape)
@@ -167,7 +197,6 @@ def prepare_fusion(
     source_to_target = geometry.similarity_transform(source_points[:count], target_points[:count])
     source_to_crop = geometry.compose(image_to_crop, source_to_target)
 
-    info: dict = {}
     if expression is not None:
         warped, coverage, info["expression"] = _expression_warp(
             source_rgb, target_rgb, source_face, target_face, source_to_crop, size, expression
@@ -222,7 +251,7 @@ def _expression_warp(
     target_mesh = face_mesh(target_rgb, target_face)
     source_mesh = source_job.result()
     own, theirs = model.coefficients(source_mesh.points), model.coefficients(target_mesh.points)
-    wanted, applied = edit.wanted(own, theirs)
+    wanted, applied = edit.wanted(own, theirs, model.neutral_band)
     moved = model.retarget(source_mesh.points, own, wanted)
     map_x, map_y = backward_map(
         geometry.apply(source_to_crop, source_mesh.points),

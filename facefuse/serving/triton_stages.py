@@ -38,17 +38,18 @@ def bls_stages(models: dict[str, str] | None = None, deep_cache: bool = False) -
         )
         return out[c.COMPOSITE.name], out[c.MASK.name], out[c.CROP_BOX.name]
 
-    def analyze_faces_expression(source: bytes, target: bytes, size: int, expression: str):
-        out = bls(
-            c.FACE_ANALYZER.name,
-            {
-                c.SOURCE_IMAGE.name: bytes_array(source),
-                c.TARGET_IMAGE.name: bytes_array(target),
-                c.SIZE.name: c.SIZE.scalar(size),
-                c.EXPRESSION.name: bytes_array(expression.encode("utf-8")),
-            },
-            c.FACE_ANALYZER.output_names,
-        )
+    def analyze_faces_expression(
+        source: bytes, target: bytes, size: int, expression: str, reference: bytes | None = None
+    ):
+        inputs = {
+            c.SOURCE_IMAGE.name: bytes_array(source),
+            c.TARGET_IMAGE.name: bytes_array(target),
+            c.SIZE.name: c.SIZE.scalar(size),
+            c.EXPRESSION.name: bytes_array(expression.encode("utf-8")),
+        }
+        if reference is not None:
+            inputs[c.REFERENCE_FACE.name] = bytes_array(reference)
+        out = bls(c.FACE_ANALYZER.name, inputs, c.FACE_ANALYZER.output_names)
         info = json.loads(out[c.INFO.name].reshape(-1)[0])
         return out[c.COMPOSITE.name], out[c.MASK.name], out[c.CROP_BOX.name], info
 

@@ -10,6 +10,7 @@ from facefuse.core.contract import (
     EXPRESSION,
     INFO,
     MASK,
+    REFERENCE_FACE,
     SIZE,
     SOURCE_IMAGE,
     TARGET_IMAGE,
@@ -59,7 +60,17 @@ class TritonPythonModel:
         expression = _expression(request)
         source = decode_image(get_bytes(request, SOURCE_IMAGE.name), SOURCE_IMAGE.name)
         target = decode_image(get_bytes(request, TARGET_IMAGE.name), TARGET_IMAGE.name)
-        plan = prepare_fusion(source, target, size, feather=self.feather, expression=expression)
+        reference = get_bytes(request, REFERENCE_FACE.name, required=False)
+        if reference is not None:
+            reference = decode_image(reference, REFERENCE_FACE.name)
+        plan = prepare_fusion(
+            source,
+            target,
+            size,
+            feather=self.feather,
+            expression=expression,
+            reference_rgb=reference,
+        )
         composite, mask, crop_box = plan.to_arrays()
         return pb.InferenceResponse(
             output_tensors=[

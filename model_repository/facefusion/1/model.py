@@ -4,12 +4,15 @@ from facefuse.core.contract import (
     EXPRESSION_MOUTH_OPEN,
     EXPRESSION_SMILE,
     EXPRESSION_SOURCE,
+    FACE_SELECT,
     IMAGE,
     INFO,
     INSTRUCTION,
+    REFERENCE_FACE,
     SOURCE_IMAGE,
     TARGET_IMAGE,
     check_expression_inputs,
+    check_face_select,
 )
 from facefuse.core.errors import InvalidInput
 from facefuse.core.limits import check_instruction
@@ -55,6 +58,10 @@ class TritonPythonModel(PipelineTritonModel):
         params = self.params(request)
         instruction = check_instruction(get_text(request, INSTRUCTION.name))
         expression = expression_fields(request)
+        reference = get_bytes(request, REFERENCE_FACE.name, required=False)
+        select = get_text(request, FACE_SELECT.name, required=False)
+        select = select.strip().lower() if select is not None else None
+        expression["face_select"] = check_face_select(select, reference is not None)
         source = get_bytes(request, SOURCE_IMAGE.name)
         png, info = self.pipeline.fuse_png(
             source,
@@ -64,6 +71,7 @@ class TritonPythonModel(PipelineTritonModel):
             should_stop=self.should_stop(request),
             auto_steps=self.auto_steps(request),
             expression=expression,
+            reference=reference,
         )
         return pb.InferenceResponse(
             output_tensors=[

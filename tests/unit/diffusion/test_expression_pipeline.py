@@ -22,7 +22,7 @@ def _pipeline(seen: list, with_expression: bool = True):
         seen.append(None)
         return composite, mask, np.array([0, 0, s, s])
 
-    def faces_expression(a, b, s, expression):
+    def faces_expression(a, b, s, expression, reference=None):
         seen.append(json.loads(expression))
         return composite, mask, np.array([0, 0, s, s]), {"expression": {"source": "t"}}
 
@@ -48,6 +48,7 @@ def test_words_and_fields_reach_the_face_stage_and_info():
     *_, info = pipeline.fuse(b"a", b"b", "keep a neutral expression", params)
     assert seen[-1]["source"] == "target" and seen[-1]["words"]["reset"] is True
     assert seen[-1]["smile"] is None and info["expression"] == {"source": "t"}
+    assert seen[-1]["face_select"] == "largest" and seen[-1]["face_index"] == 0
     *_, info = pipeline.fuse(
         b"a", b"b", "make them smile", params, expression={"source": "source", "smile": 0.5}
     )

@@ -13,6 +13,7 @@ from facefuse.core.errors import InvalidInput
 from facefuse.face.expression_edit import (
     ExpressionEdit,
     _local_words,
+    expression_part,
     words_from_instruction,
 )
 
@@ -37,40 +38,63 @@ def test_words(text, expected):
         assert (reading["reset"], reading["smile"], reading["mouth_open"]) == expected
 
 
-def test_default_takes_the_targets_expression():
-    wanted, applied = ExpressionEdit().wanted(A, B)
-    assert np.allclose(wanted, B)
+BAND = np.array([0.3, 0.15, 1.0, 2.0])
+
+
+def test_expression_part_is_beyond_the_neutral_band_and_smile_and_open_only():
+    part = expression_part(np.array([1.0, -0.5, 3.0, 3.0]), BAND)
+    assert np.allclose(part, [0.7, -0.35, 0.0, 0.0])
+    assert np.allclose(expression_part(np.array([0.2, 0.1, 0.0, 0.0]), BAND), 0)
+
+
+def test_default_takes_the_targets_expression_part():
+    wanted, applied = ExpressionEdit(gain=1.0).wanted(A, B, BAND)
+    # A's smile 0.2 is within the band (face shape, kept); B's 1.1 gives 0.8 of expression
+    assert wanted[0] == pytest.approx(A[0] + 0.8)
+    assert np.allclose(wanted[1:], A[1:])  # B's open 0.05 is in the band; modes 1-2 stay A's
     assert applied["source"] == "target" and applied["smile"] == 0 and not applied["reset"]
+    assert applied["expression"]["target"]["smile"] == pytest.approx(0.8)
+
+
+def test_gain_multiplies_increases_only():
+    wanted, _ = ExpressionEdit(gain=2.0).wanted(A, B, BAND)
+    assert wanted[0] == pytest.approx(A[0] + 1.6)
+    smiling_a = np.array([1.5, 0.0, 0.0, 0.0])
+    wanted, _ = ExpressionEdit(gain=2.0).wanted(smiling_a, np.zeros(4), BAND)
+    assert wanted[0] == pytest.approx(0.3)  # A's smile taken out, no more (decreases x1)
 
 
 def test_source_keeps_as_own_expression():
-    wanted, _ = ExpressionEdit(source="source").wanted(A, B)
+    wanted, _ = ExpressionEdit(source="source").wanted(A, B, BAND)
     assert np.allclose(wanted, A)
 
 
 def test_smile_words_raise_the_smile_to_their_level_only():
     words = {"reset": False, "smile": 1.0, "mouth_open": 0.0}
-    wanted, applied = ExpressionEdit(source="source", words=words).wanted(A, B)
-    assert wanted[0] == 1.0 and np.allclose(wanted[1:], A[1:])
-    assert applied["smile"] == pytest.approx(0.8) and applied["from"]["smile"] == "instruction"
+    wanted, applied = ExpressionEdit(source="source", words=words, gain=1.0).wanted(A, B, BAND)
+    assert wanted[0] == pytest.approx(A[0] + 1.0) and np.allclose(wanted[1:], A[1:])
+    assert applied["smile"] == pytest.approx(1.0) and applied["from"]["smile"] == "instruction"
     # a target already smiling more keeps its smile
-    wanted, _ = ExpressionEdit(words={**words, "smile": 0.5}).wanted(A, B)
-    assert wanted[0] == pytest.approx(1.1)
+    wanted, _ = ExpressionEdit(words={**words, "smile": 0.5}, gain=1.0).wanted(A, B, BAND)
+    assert wanted[0] == pytest.approx(A[0] + 0.8)
 
 
-def test_reset_neutralises_every_mode_and_open_mouth_parts_the_lips():
-    wanted, applied = ExpressionEdit(words={"reset": True, "smile": 0.0, "mouth_open": 0.0}).wanted(
-        A, B
-    )
-    assert np.allclose(wanted, 0) and applied["reset"]
-    wanted, _ = ExpressionEdit(words={"reset": False, "smile": 0.0, "mouth_open": 1.0}).wanted(A, B)
-    assert wanted[1] == 1.0 and wanted[0] == B[0]
+def test_reset_takes_the_expression_out_and_open_mouth_parts_the_lips():
+    reset = {"reset": True, "smile": 0.0, "mouth_open": 0.0}
+    smiling_a = np.array([1.5, 0.4, 0.5, 0.5])
+    wanted, applied = ExpressionEdit(words=reset).wanted(smiling_a, B, BAND)
+    assert np.allclose(wanted, [0.3, 0.15, 0.5, 0.5]) and applied["reset"]
+    opened = {"reset": False, "smile": 0.0, "mouth_open": 1.0}
+    wanted, _ = ExpressionEdit(words=opened, gain=1.0).wanted(A, B, BAND)
+    assert wanted[1] == pytest.approx(A[1] + 1.0) and wanted[0] == pytest.approx(A[0] + 0.8)
 
 
 def test_numbers_add_to_the_chosen_expression_and_override_the_words():
     words = {"reset": True, "smile": 0.0, "mouth_open": 1.0}
-    wanted, applied = ExpressionEdit(smile=0.5, mouth_open=0.2, words=words).wanted(A, B)
-    assert wanted[0] == pytest.approx(B[0] + 0.5) and wanted[1] == pytest.approx(B[1] + 0.2)
+    edit = ExpressionEdit(smile=0.5, mouth_open=0.2, words=words, gain=1.0)
+    wanted, applied = edit.wanted(A, B, BAND)
+    assert wanted[0] == pytest.approx(A[0] + 0.8 + 0.5)
+    assert wanted[1] == pytest.approx(A[1] + 0.2)
     assert applied["from"] == {"smile": "request", "mouth_open": "request"}
     assert applied["smile"] == 0.5 and not applied["reset"]
 
@@ -124,7 +148,7 @@ def test_fusion_moves_as_face_and_reports_it(grace, astronaut):
     info = plan.info["expression"]
     assert info["source"] == "source" and info["smile"] == 1.5
     assert info["coefficients"]["applied"]["smile"] == pytest.approx(
-        info["coefficients"]["source"]["smile"] + 1.5, abs=1e-3
+        info["coefficients"]["source"]["smile"] + 1.5 * edit.gain, abs=1e-3
     )
     json.dumps(plan.info)  # JSON-ready
     # the same crop, mask and box; the composite differs around the mouth only
