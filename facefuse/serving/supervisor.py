@@ -628,6 +628,8 @@ class Supervisor:
                 and self._probe_due.get(m.name, 0.0) <= now
             ]
         for watch in due:
+            if self.stopping.is_set():
+                return
             self._probe_due[watch.name] = now + self.settings.probe_interval_s
             status, message = self.api.probe(watch.name, watch.probe, self.settings.probe_timeout_s)
             with self.lock:

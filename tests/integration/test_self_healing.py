@@ -120,12 +120,21 @@ def start_serve(repository: Path, *extra: str) -> Serve:
 
 
 def stop_serve(process: subprocess.Popen) -> None:
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.Error:
+        children = []
     process.send_signal(signal.SIGINT)
     try:
         process.wait(timeout=90)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    for child in children:  # never leave a tritonserver or a stub behind
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
 
 
 @pytest.fixture(scope="module")
