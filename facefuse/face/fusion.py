@@ -25,8 +25,9 @@ from facefuse.face import detect, geometry
 from facefuse.face.color import match_color
 from facefuse.face.detect import Face, detect_face, find_faces
 from facefuse.face.expression import default_model as expression_model
+from facefuse.face.expression import lip_gap
 from facefuse.face.expression_edit import ExpressionEdit
-from facefuse.face.facemesh import face_mesh
+from facefuse.face.facemesh import LIPS_INNER, face_mesh
 from facefuse.face.imageio import PixelError
 from facefuse.face.mask import FEATHER, feathered_ellipse
 from facefuse.face.warp import backward_map
@@ -198,8 +199,15 @@ def prepare_fusion(
     source_to_crop = geometry.compose(image_to_crop, source_to_target)
 
     if expression is not None:
-        warped, coverage, info["expression"] = _expression_warp(
-            source_rgb, target_rgb, source_face, target_face, source_to_crop, size, expression
+        warped, coverage, info["expression"], mouth = _expression_warp(
+            source_rgb,
+            target_rgb,
+            source_face,
+            target_face,
+            source_to_crop,
+            image_to_crop,
+            size,
+            expression,
         )
     else:
         warped = (
@@ -223,6 +231,8 @@ def prepare_fusion(
 
     face_region = mask > 0.5
     matched = match_color(warped, target_crop, face_region & (coverage > 0.99), face_region)
+    if expression is not None:
+        matched, info["expression"]["mouth_interior"] = fill_mouth(matched, target_crop, *mouth)
     alpha = (mask * np.clip(coverage, 0.0, 1.0))[:, :, None]
     composite = target_crop * (1.0 - alpha) + matched * alpha
     return FusionPlan(
@@ -242,10 +252,12 @@ def _expression_warp(
     source_face: Face,
     target_face: Face,
     source_to_crop: np.ndarray,
+    image_to_crop: np.ndarray,
     size: int,
     edit: ExpressionEdit,
-) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(A warped into the crop with the wanted expression, its coverage, info)."""
+) -> tuple[np.ndarray, np.ndarray, dict, tuple]:
+    """(A warped into the crop with the wanted expression, its coverage, info, the mouth:
+    (A's moved inner lips, B's inner lips, both in crop pixels, B's lip parting))."""
     model = expression_model()
     source_job = _DETECT_POOL.submit(face_mesh, source_rgb, source_face)
     target_mesh = face_mesh(target_rgb, target_face)
@@ -287,7 +299,48 @@ def _expression_warp(
             float(np.abs(moved - source_mesh.points).max() / source_mesh.eye_span), 4
         ),
     }
-    return warped, coverage, info
+    inner = list(LIPS_INNER)
+    mouth = (
+        geometry.apply(source_to_crop, moved[inner]),
+        geometry.apply(image_to_crop, target_mesh.points[inner]),
+        lip_gap(target_mesh.points),
+        applied["expression"]["applied"]["mouth_open"] > 0.5,
+    )
+    return warped, coverage, info, mouth
+
+
+# lips parted by more than this (outer-eye spans) get a mouth interior: B's own, warped into
+# A's lips, when B's are parted too; else a dark one (diffusion paints over it where it runs)
+OPEN_FILL = 0.04
+DARK_MOUTH = np.array([0.22, 0.08, 0.08], np.float32)
+TEETH = np.array([0.86, 0.83, 0.78], np.float32)  # a smile's parted lips show teeth
+
+
+def fill_mouth(
+    crop: np.ndarray, target_crop: np.ndarray, lips: np.ndarray, target_lips: np.ndarray,
+    target_gap: float, opened: bool = False,
+) -> tuple[np.ndarray, str]:  # fmt: skip
+    """``crop`` with the inside of ``lips`` (inner-lip contour, crop pixels) filled, and which
+    fill: "none", "target" (B's interior warped from ``target_lips``), "dark" (an opened
+    mouth, ``opened``) or "teeth" (a smile's parted lips)."""
+    span_points = lips[[0, 10]]  # the inner contour's two corners
+    width = float(np.linalg.norm(span_points[1] - span_points[0]))
+    gap = float(np.linalg.norm(lips[5] - lips[15]))  # inner middle: upper 13, lower 14
+    if width < 1.0 or gap < OPEN_FILL * 2.2 * width:  # mouth width is ~0.45 eye spans
+        return crop, "none"
+    size = crop.shape[0]
+    inside = np.zeros((size, size), np.uint8)
+    cv2.fillPoly(inside, [np.round(lips * 16).astype(np.int32)], 255, cv2.LINE_AA, 4)
+    weight = cv2.GaussianBlur(inside.astype(np.float32) / 255.0, (3, 3), 0)[..., None]
+    if target_gap > OPEN_FILL:
+        map_x, map_y = backward_map(target_lips, lips, (size, size))
+        interior = cv2.remap(target_crop, map_x, map_y, cv2.INTER_LINEAR,
+                             borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+        kind = "target"
+    else:
+        kind = "dark" if opened else "teeth"
+        interior = np.broadcast_to(DARK_MOUTH if opened else TEETH, crop.shape)
+    return (crop * (1.0 - weight) + interior * weight).astype(np.float32), kind
 
 
 def paste_back(target_rgb: np.ndarray, generated: np.ndarray, plan: FusionPlan) -> np.ndarray:

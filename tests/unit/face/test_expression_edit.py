@@ -172,3 +172,24 @@ def test_fusion_moves_as_face_and_reports_it(grace, astronaut):
     # no expression change asked of A's own expression: the composite matches the plain paste
     same = prepare_fusion(grace, astronaut, 256, expression=replace(edit, smile=0.0))
     assert np.abs(same.composite - before.composite).mean() < 0.01
+
+
+def test_mouth_fill_only_for_parted_lips():
+    from facefuse.face.fusion import DARK_MOUTH, TEETH, fill_mouth
+
+    size = 64
+    crop = np.full((size, size, 3), 0.5, np.float32)
+    target = np.zeros((size, size, 3), np.float32)
+    target[28:36, 20:44] = (0.9, 0.9, 0.9)  # B's teeth
+    angles = np.linspace(0, 2 * np.pi, 20, endpoint=False)
+    closed = np.stack([32 + 12 * np.cos(angles), 32 + 0.5 * np.sin(angles)], 1)
+    opened = np.stack([32 + 12 * np.cos(angles), 32 + 6 * np.sin(angles)], 1)
+    out, kind = fill_mouth(crop, target, closed, closed, 0.0)
+    assert kind == "none" and out is crop
+    out, kind = fill_mouth(crop, target, opened, opened, 0.0)
+    assert kind == "teeth" and np.allclose(out[32, 32], TEETH)
+    out, kind = fill_mouth(crop, target, opened, opened, 0.0, opened=True)
+    assert kind == "dark" and np.allclose(out[32, 32], DARK_MOUTH)
+    out, kind = fill_mouth(crop, target, opened, opened, 0.1)
+    assert kind == "target" and np.allclose(out[32, 32], 0.9, atol=0.01)
+    assert np.array_equal(out[:20], crop[:20])  # outside the lips nothing changes
