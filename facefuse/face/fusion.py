@@ -305,6 +305,7 @@ def _expression_warp(
         geometry.apply(image_to_crop, target_mesh.points[inner]),
         lip_gap(target_mesh.points),
         applied["expression"]["applied"]["mouth_open"] > 0.5,
+        geometry.apply(source_to_crop, source_mesh.points[inner]),
     )
     return warped, coverage, info, mouth
 
@@ -313,19 +314,23 @@ def _expression_warp(
 # A's lips, when B's are parted too; else a dark one (diffusion paints over it where it runs)
 OPEN_FILL = 0.04
 DARK_MOUTH = np.array([0.22, 0.08, 0.08], np.float32)
-TEETH = np.array([0.86, 0.83, 0.78], np.float32)  # a smile's parted lips show teeth
+TEETH = np.array([0.8, 0.76, 0.7], np.float32)  # a smile's parted lips show teeth
 
 
 def fill_mouth(
     crop: np.ndarray, target_crop: np.ndarray, lips: np.ndarray, target_lips: np.ndarray,
-    target_gap: float, opened: bool = False,
+    target_gap: float, opened: bool = False, own_lips: np.ndarray | None = None,
 ) -> tuple[np.ndarray, str]:  # fmt: skip
     """``crop`` with the inside of ``lips`` (inner-lip contour, crop pixels) filled, and which
     fill: "none", "target" (B's interior warped from ``target_lips``), "dark" (an opened
-    mouth, ``opened``) or "teeth" (a smile's parted lips)."""
+    mouth, ``opened``) or "teeth" (a smile's parted lips). ``own_lips``: A's inner lips before
+    the warp; only what the warp opened beyond them is filled (A's own parted lips carry their
+    own teeth along)."""
     span_points = lips[[0, 10]]  # the inner contour's two corners
     width = float(np.linalg.norm(span_points[1] - span_points[0]))
     gap = float(np.linalg.norm(lips[5] - lips[15]))  # inner middle: upper 13, lower 14
+    if own_lips is not None:
+        gap -= float(np.linalg.norm(own_lips[5] - own_lips[15]))
     if width < 1.0 or gap < OPEN_FILL * 2.2 * width:  # mouth width is ~0.45 eye spans
         return crop, "none"
     size = crop.shape[0]
@@ -337,9 +342,12 @@ def fill_mouth(
         interior = cv2.remap(target_crop, map_x, map_y, cv2.INTER_LINEAR,
                              borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
         kind = "target"
-    else:
+    else:  # shaded: dark at the lips, the fill's colour only in the middle
         kind = "dark" if opened else "teeth"
-        interior = np.broadcast_to(DARK_MOUTH if opened else TEETH, crop.shape)
+        depth = cv2.distanceTransform((inside > 127).astype(np.uint8), cv2.DIST_L2, 3)
+        shade = np.clip(depth / max(float(depth.max()) * 0.8, 1e-6), 0.0, 1.0)[..., None]
+        colour = DARK_MOUTH if opened else TEETH
+        interior = DARK_MOUTH + (colour - DARK_MOUTH) * shade
     return (crop * (1.0 - weight) + interior * weight).astype(np.float32), kind
 
 

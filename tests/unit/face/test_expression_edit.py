@@ -187,9 +187,13 @@ def test_mouth_fill_only_for_parted_lips():
     out, kind = fill_mouth(crop, target, closed, closed, 0.0)
     assert kind == "none" and out is crop
     out, kind = fill_mouth(crop, target, opened, opened, 0.0)
-    assert kind == "teeth" and np.allclose(out[32, 32], TEETH)
+    assert kind == "teeth" and np.allclose(out[32, 32], TEETH, atol=0.02)
+    assert out[32, 21].sum() < out[32, 32].sum() - 0.5  # shaded dark towards the lips
     out, kind = fill_mouth(crop, target, opened, opened, 0.0, opened=True)
     assert kind == "dark" and np.allclose(out[32, 32], DARK_MOUTH)
+    # lips that were parted before the warp are not filled again
+    out, kind = fill_mouth(crop, target, opened, opened, 0.0, own_lips=opened)
+    assert kind == "none"
     out, kind = fill_mouth(crop, target, opened, opened, 0.1)
     assert kind == "target" and np.allclose(out[32, 32], 0.9, atol=0.01)
     assert np.array_equal(out[:20], crop[:20])  # outside the lips nothing changes
