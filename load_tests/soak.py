@@ -254,8 +254,9 @@ class Chaos:
                 self.probes.append((t, self.probe("/ready"), self.probe("/live")))
             if t >= next_kill:
                 stubs = [r for r in process_table(self.server_pid) if r[0] != "tritonserver"]
-                if stubs:
-                    model, pid, _ = self.rng.choice(stubs)
+                if stubs:  # a random model, then one of its instances (facefusion has 4)
+                    model = self.rng.choice(sorted({r[0] for r in stubs}))
+                    _, pid, _ = self.rng.choice([r for r in stubs if r[0] == model])
                     try:
                         os.kill(pid, signal.SIGKILL)
                         self.kills.append({"t_s": round(t, 2), "model": model, "pid": pid})
@@ -437,7 +438,8 @@ def main(argv=None) -> int:
                 server.http_url,
                 server.process.pid,
                 config.admin_key,
-                SupervisorSettings(),
+                # the soak kills on purpose, more often than a real fault: no give-up
+                SupervisorSettings(max_reloads=100) if args.kill_every else SupervisorSettings(),
                 health_port=0,
                 log=lambda line: (events.write(line + "\n"), events.flush()),
             ).start()
