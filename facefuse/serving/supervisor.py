@@ -664,6 +664,18 @@ class Supervisor:
             failures = self.find_failures()
         if failures and (self.stopping.is_set() or not self.api.server_live()):
             return  # processes end with a server that shuts down: nothing to replace
+        if failures:
+            # a model an operator unloaded through the admin API is not READY in the index
+            # (a dead stub leaves it READY): stop watching it instead of loading it back
+            try:
+                index = self.api.index()
+            except (OSError, RuntimeError, ValueError):
+                index = {}
+            for model in [m for m in failures if index and index.get(m) != "READY"]:
+                failures.pop(model)
+                with self.lock:
+                    self.models.pop(model, None)
+                self.log(event_line("unwatched", model=model, state=index.get(model, "gone")))
         for model, (kind, detail) in failures.items():
             self.on_failure(model, kind, detail)
         # models taken out whose reload failed earlier: try again (bounded by max_reloads)

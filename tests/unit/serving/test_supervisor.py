@@ -491,3 +491,12 @@ def test_exit_on_give_up_ends_the_loop_with_code_3():
     triton.die("unet")
     assert sup.run(threading.Event()) == 3
     assert len(events(lines, "gave_up")) == 1 and len(events(lines, "exit")) == 1
+
+
+def test_a_model_an_operator_unloaded_is_left_alone():
+    sup, triton, _clock, lines = make()
+    triton.unload("vae_decoder", 10)  # through the admin API: its stubs end, it is not READY
+    triton.calls.clear()
+    sup.tick()
+    assert ("load", "vae_decoder") not in triton.calls and "vae_decoder" not in sup.models
+    assert len(events(lines, "unwatched")) == 1 and sup.readiness() == (True, "ok")
