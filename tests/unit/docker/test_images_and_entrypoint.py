@@ -246,6 +246,51 @@ def test_entrypoint_refuses_bad_settings(entry, tmp_path, capsys, extra, message
     assert message in capsys.readouterr().err
 
 
+def test_serve_runs_tritonserver_under_the_supervisor_and_returns_its_exit_code(
+    entry, tmp_path, capsys
+):
+    """With the supervisor (the default) the entrypoint does not exec: tritonserver runs as a
+    child (here a stand-in that exits with 7), the supervisor's /ready answers meanwhile, and
+    the entrypoint returns the server's exit code."""
+    import signal
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    fake = tmp_path / "tritonserver"
+    fake.write_text(f"#!{sys.executable}\nimport sys, time\ntime.sleep(2)\nsys.exit(7)\n")
+    fake.chmod(0o755)
+    env = base_env(tmp_path, TRITONSERVER_BIN=str(fake), FACEFUSE_HEALTH_PORT=str(port))
+    handlers = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    answers = []
+
+    def ask():
+        import time
+        import urllib.error
+        import urllib.request
+
+        time.sleep(0.5)
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5)
+        except urllib.error.HTTPError as exc:
+            answers.append((exc.code, exc.read().decode()))
+        except OSError as exc:
+            answers.append((None, str(exc)))
+
+    import threading
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        assert entry.main(["serve"], env) == 7
+    finally:
+        signal.signal(signal.SIGTERM, handlers[0])
+        signal.signal(signal.SIGINT, handlers[1])
+        asker.join()
+    assert answers and answers[0][0] == 503, answers  # not ready: the models are not up
+
+
 def test_admin_key_from_a_mounted_secret_file(entry, tmp_path):
     (tmp_path / "key").write_text(KEY + "\n")
     env = base_env(tmp_path, FACEFUSE_ADMIN_KEY_FILE=str(tmp_path / "key"))
