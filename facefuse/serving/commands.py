@@ -72,6 +72,7 @@ def add_supervisor_arguments(parser) -> None:
 
     from facefuse.serving.supervisor import (
         DEFAULT_HEALTH_PORT,
+        HELP,
         RANGES,
         SupervisorSettings,
         flag_name,
@@ -114,7 +115,7 @@ def add_supervisor_arguments(parser) -> None:
             dest=f"supervisor_{f.name}",
             default=None,
             metavar="N",
-            help=f"{f.name.replace('_', ' ')} (default {default:g}; {low:g}..{high:g})",
+            help=f"{HELP[f.name]} (default {default:g}; {low:g}..{high:g})",
         )
 
 

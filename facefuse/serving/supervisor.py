@@ -151,6 +151,18 @@ RANGES: dict[str, tuple[float, float]] = {
 }
 
 
+HELP = {
+    "poll_interval_s": "seconds between checks of the model processes",
+    "probe_interval_s": "seconds between health calls to each leaf model",
+    "probe_timeout_s": "seconds a health call may take before it counts as unanswered",
+    "probe_failures": "unanswered health calls in a row that mean a model is hung",
+    "reload_timeout_s": "seconds one unload + load may take",
+    "max_reloads": "reloads of one model within the reload window before giving up on it",
+    "reload_window_s": "seconds over which reloads are counted",
+    "recovery_budget_s": "seconds a model may stay down before /live fails",
+}
+
+
 def flag_name(name: str) -> str:
     return "--supervisor-" + name.replace("_", "-")
 
