@@ -90,6 +90,7 @@ class ExpressionEdit:
     mouth_open: float | None = None
     words: dict = field(default_factory=lambda: {"reset": False, "smile": 0.0, "mouth_open": 0.0})
     gain: float = WARP_GAIN  # multiplies every increase of a mode
+    gain_down: float = 1.0  # multiplies every decrease of a mode
     face_select: str = "largest"  # which faces of B: largest, all, reference (face.select)
     face_index: int = 0  # which of the chosen faces this call fuses
 
@@ -142,6 +143,7 @@ class ExpressionEdit:
             part[MOUTH_OPEN] = chosen[MOUTH_OPEN] + self.mouth_open
         change = part - own_part
         change[change > 0] *= self.gain  # a warp shows less smile than its points move
+        change[change < 0] *= self.gain_down
         wanted = own + change
         applied = {
             "source": self.source,
