@@ -48,7 +48,7 @@ def test_expression_part_is_beyond_the_neutral_band_and_smile_and_open_only():
 
 
 def test_default_takes_the_targets_expression_part():
-    wanted, applied = ExpressionEdit(gain=1.0).wanted(A, B, BAND)
+    wanted, applied = ExpressionEdit(gain=1.0, transfer_gain=1.0).wanted(A, B, BAND)
     # A's smile 0.2 is within the band (face shape, kept); B's 1.1 gives 0.8 of expression
     assert wanted[0] == pytest.approx(A[0] + 0.8)
     assert np.allclose(wanted[1:], A[1:])  # B's open 0.05 is in the band; modes 1-2 stay A's
@@ -57,8 +57,11 @@ def test_default_takes_the_targets_expression_part():
 
 
 def test_gain_multiplies_increases_only():
-    wanted, _ = ExpressionEdit(gain=2.0).wanted(A, B, BAND)
-    assert wanted[0] == pytest.approx(A[0] + 1.6)
+    wanted, _ = ExpressionEdit(gain=2.0, transfer_gain=1.5).wanted(A, B, BAND)
+    assert wanted[0] == pytest.approx(A[0] + 1.2)  # B's own smile: the transfer gain
+    words = {"reset": False, "smile": 1.0, "mouth_open": 0.0}
+    wanted, _ = ExpressionEdit(gain=2.0, transfer_gain=1.5, words=words).wanted(A, B, BAND)
+    assert wanted[0] == pytest.approx(A[0] + 2.0)  # the words set it: the warp gain
     smiling_a = np.array([1.5, 0.0, 0.0, 0.0])
     wanted, _ = ExpressionEdit(gain=2.0).wanted(smiling_a, np.zeros(4), BAND)
     assert wanted[0] == pytest.approx(0.3)  # A's smile taken out, no more (decreases x1)
@@ -75,7 +78,8 @@ def test_smile_words_raise_the_smile_to_their_level_only():
     assert wanted[0] == pytest.approx(A[0] + 1.0) and np.allclose(wanted[1:], A[1:])
     assert applied["smile"] == pytest.approx(1.0) and applied["from"]["smile"] == "instruction"
     # a target already smiling more keeps its smile
-    wanted, _ = ExpressionEdit(words={**words, "smile": 0.5}, gain=1.0).wanted(A, B, BAND)
+    edit = ExpressionEdit(words={**words, "smile": 0.5}, gain=1.0, transfer_gain=1.0)
+    wanted, _ = edit.wanted(A, B, BAND)
     assert wanted[0] == pytest.approx(A[0] + 0.8)
 
 
@@ -85,13 +89,13 @@ def test_reset_takes_the_expression_out_and_open_mouth_parts_the_lips():
     wanted, applied = ExpressionEdit(words=reset).wanted(smiling_a, B, BAND)
     assert np.allclose(wanted, [0.3, 0.15, 0.5, 0.5]) and applied["reset"]
     opened = {"reset": False, "smile": 0.0, "mouth_open": 1.0}
-    wanted, _ = ExpressionEdit(words=opened, gain=1.0).wanted(A, B, BAND)
+    wanted, _ = ExpressionEdit(words=opened, gain=1.0, transfer_gain=1.0).wanted(A, B, BAND)
     assert wanted[1] == pytest.approx(A[1] + 1.0) and wanted[0] == pytest.approx(A[0] + 0.8)
 
 
 def test_numbers_add_to_the_chosen_expression_and_override_the_words():
     words = {"reset": True, "smile": 0.0, "mouth_open": 1.0}
-    edit = ExpressionEdit(smile=0.5, mouth_open=0.2, words=words, gain=1.0)
+    edit = ExpressionEdit(smile=0.5, mouth_open=0.2, words=words, gain=1.0, transfer_gain=1.0)
     wanted, applied = edit.wanted(A, B, BAND)
     assert wanted[0] == pytest.approx(A[0] + 0.8 + 0.5)
     assert wanted[1] == pytest.approx(A[1] + 0.2)
