@@ -70,16 +70,19 @@ def read_image(image: ImageLike, field: str) -> bytes:
     return image
 
 
-def fusion_inputs(source, target, instruction, steps=None, strength=None, guidance=None, seed=None):
-    """name -> array of a ``facefusion`` request, validated client-side."""
+def fusion_inputs(source, target, instruction, reference_face=None, **params):
+    """name -> array of a ``facefusion`` request, validated client-side; ``params`` are
+    :func:`facefuse.core.contract.facefusion_request`'s (steps, strength, guidance, seed,
+    expression_source, expression_smile, expression_mouth_open, face_select)."""
+    reference = (
+        None if reference_face is None else read_image(reference_face, contract.REFERENCE_FACE.name)
+    )
     return contract.facefusion_request(
         read_image(source, contract.SOURCE_IMAGE.name),
         read_image(target, contract.TARGET_IMAGE.name),
         instruction,
-        steps=steps,
-        strength=strength,
-        guidance=guidance,
-        seed=seed,
+        reference_face=reference,
+        **params,
     )
 
 
@@ -273,7 +276,9 @@ class Client:
         template_key: str | None = None,
         **params,
     ) -> Result:
-        """Fuse ``source``'s face into ``target``; params: steps, strength, guidance, seed.
+        """Fuse ``source``'s face into ``target``; params: steps, strength, guidance, seed,
+        expression_source, expression_smile, expression_mouth_open, face_select,
+        reference_face (an image like ``source``).
 
         ``template_key`` names the prompt template; behind the consistent-hash proxy of the
         Kubernetes manifests, requests with the same key reach the same replica's cache."""

@@ -66,6 +66,27 @@ def register(subparsers) -> None:
     fuse.add_argument(
         "--instruction", required=True, help='what to do, e.g. "make him smile, keep the glasses"'
     )
+    fuse.add_argument(
+        "--expression-source",
+        choices=("target", "source"),
+        default=None,
+        help="whose expression the answer wears before the edit (server default: target, B's)",
+    )
+    fuse.add_argument(
+        "--smile", type=float, default=None, help="expression edit: smile -1..2 (overrides words)"
+    )
+    fuse.add_argument(
+        "--mouth-open", type=float, default=None, help="expression edit: mouth open 0..1"
+    )
+    fuse.add_argument(
+        "--face-select",
+        choices=("largest", "all", "reference"),
+        default=None,
+        help="which faces of TARGET to fuse (server default: largest)",
+    )
+    fuse.add_argument(
+        "--reference-face", type=Path, default=None, help="photo for --face-select reference"
+    )
     _common(fuse, with_strength=True)
     fuse.set_defaults(func=run_fuse)
     txt = subparsers.add_parser(
@@ -103,7 +124,15 @@ def run_fuse(args: argparse.Namespace) -> int:
 
     with Client(args.url, args.protocol, args.timeout) as client:
         result = client.fuse(
-            args.source, args.target, args.instruction, **_params(args, with_strength=True)
+            args.source,
+            args.target,
+            args.instruction,
+            expression_source=args.expression_source,
+            expression_smile=args.smile,
+            expression_mouth_open=args.mouth_open,
+            face_select=args.face_select,
+            reference_face=args.reference_face,
+            **_params(args, with_strength=True),
         )
     return _finish(args, result)
 

@@ -106,6 +106,27 @@ def test_client_validates_before_sending(tmp_path):
         Client("127.0.0.1:1", protocol="ftp")
 
 
+def test_client_sends_the_expression_and_face_selection_fields(tmp_path):
+    from facefuse.client.api import fusion_inputs
+
+    photo = tmp_path / "a.png"
+    photo.write_bytes(b"x")
+    tensors = fusion_inputs(
+        photo, photo, "smile", expression_source="source", expression_smile=1.5,
+        expression_mouth_open=0.5, face_select="reference", reference_face=photo,
+    )  # fmt: skip
+    assert tensors["EXPRESSION_SOURCE"].tolist() == [b"source"]
+    assert tensors["EXPRESSION_SMILE"].tolist() == [1.5]
+    assert tensors["EXPRESSION_MOUTH_OPEN"].tolist() == [0.5]
+    assert tensors["FACE_SELECT"].tolist() == [b"reference"]
+    assert tensors["REFERENCE_FACE"].tolist() == [b"x"]
+    assert "EXPRESSION_SMILE" not in fusion_inputs(photo, photo, "smile")
+    with pytest.raises(InvalidInput, match="EXPRESSION_SMILE"):
+        fusion_inputs(photo, photo, "smile", expression_smile=3.0)
+    with pytest.raises(InvalidInput, match="REFERENCE_FACE"):
+        fusion_inputs(photo, photo, "smile", face_select="reference", reference_face=tmp_path / "x")
+
+
 def test_cli_error_is_one_line_and_nonzero(tmp_path):
     result = subprocess.run(
         [
