@@ -191,6 +191,15 @@ class RetryPolicy:
         base = min(self.max_backoff_s, self.backoff_s * 2 ** max(0, retry - 1))
         return max(0.0, base * (1 + self.jitter * (2 * self.rng.random() - 1)))
 
+    def pause_after(self, attempt: int, error: ClientError, deadline: float) -> float | None:
+        """Seconds to wait before the next attempt after ``error``, or None to give up (the
+        last attempt, an error that is not safe to retry, or no time left before
+        ``deadline``, a ``time.monotonic()`` value)."""
+        pause = self.delay(attempt)
+        if attempt >= self.attempts or not retryable(error) or time.monotonic() + pause >= deadline:
+            return None
+        return pause
+
 
 NO_RETRY = RetryPolicy(attempts=1)
 
@@ -248,12 +257,8 @@ class Client:
                 result.attempts = attempt
                 return result
             except ClientError as exc:
-                pause = policy.delay(attempt)
-                if (
-                    attempt >= policy.attempts
-                    or not retryable(exc)
-                    or time.monotonic() + pause >= deadline
-                ):
+                pause = policy.pause_after(attempt, exc, deadline)
+                if pause is None:
                     raise
                 self.retries += 1
                 time.sleep(pause)
@@ -340,12 +345,8 @@ class AsyncClient:
                 return result
             except Exception as exc:
                 error = exc if isinstance(exc, ClientError) else _client_error(exc)
-                pause = policy.delay(attempt)
-                if (
-                    attempt >= policy.attempts
-                    or not retryable(error)
-                    or time.monotonic() + pause >= deadline
-                ):
+                pause = policy.pause_after(attempt, error, deadline)
+                if pause is None:
                     raise error from exc
                 self.retries += 1
                 await asyncio.sleep(pause)
