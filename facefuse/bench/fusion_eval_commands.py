@@ -174,20 +174,11 @@ def run_expression(args: argparse.Namespace) -> int:
 
                 return run_with(fuse)
 
-        if args.url is not None:
-            report, sheet = served(args.url)
-            where = args.url
-        else:
-            from facefuse.serving.server import LocalTritonServer, ServerConfig
+        from facefuse.serving.server import served_url
 
-            args.out.mkdir(parents=True, exist_ok=True)
-            log_path = args.out / "tritonserver.log"
-            print(f"starting tritonserver on {args.repository} (log: {log_path}) ...", flush=True)
-            with LocalTritonServer(
-                ServerConfig(repository=args.repository), log_path=log_path
-            ) as s:
-                report, sheet = served(s.grpc_url)
-            where = f"local tritonserver on {args.repository}"
+        log_path = args.out / "tritonserver.log"
+        with served_url(args.repository, args.url, log_path) as (url, where):
+            report, sheet = served(url)
     report["config"]["server"] = where
     report["total_seconds"] = round(time.perf_counter() - started, 1)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -375,18 +366,11 @@ def run(args: argparse.Namespace) -> int:
 
             return evaluate(config, fuse, meter, log, prepared)
 
-    if args.url is not None:
-        report, sheet = evaluate_with(args.url)
-        report["config"]["server"] = args.url
-    else:
-        from facefuse.serving.server import LocalTritonServer, ServerConfig
+    from facefuse.serving.server import served_url
 
-        log_path = args.out / "tritonserver.log"
-        print(f"starting tritonserver on {args.repository} (log: {log_path}) ...", flush=True)
-        with LocalTritonServer(ServerConfig(repository=args.repository), log_path=log_path) as s:
-            print(f"ready in {time.perf_counter() - started:.1f} s", flush=True)
-            report, sheet = evaluate_with(s.grpc_url)
-        report["config"]["server"] = f"local tritonserver on {args.repository}"
+    with served_url(args.repository, args.url, args.out / "tritonserver.log") as (url, where):
+        report, sheet = evaluate_with(url)
+    report["config"]["server"] = where
     report["config"]["repository"] = str(args.repository)
     report["config"]["served_info"] = served_info
     report["total_seconds"] = round(time.perf_counter() - started, 1)

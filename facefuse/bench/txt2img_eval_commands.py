@@ -135,16 +135,12 @@ def run(args: argparse.Namespace) -> int:
 
             return evaluate(generate, prompts, seeds, meter, bank, log)
 
-    if args.url is not None:
-        report, rows = with_client(args.url)
-    else:
-        from facefuse.serving.server import LocalTritonServer, ServerConfig
+    from facefuse.serving.server import served_url
 
-        log_path = args.out / "tritonserver.log"
-        print(f"starting tritonserver on {args.repository} (log: {log_path}) ...", flush=True)
-        with LocalTritonServer(ServerConfig(repository=args.repository), log_path=log_path) as s:
-            report, rows = with_client(s.grpc_url)
+    with served_url(args.repository, args.url, args.out / "tritonserver.log") as (url, where):
+        report, rows = with_client(url)
     report["config"] = {
+        "server": where,
         "repository": str(args.repository),
         "prompts": prompts,
         "seeds": seeds,

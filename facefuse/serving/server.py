@@ -9,6 +9,7 @@ APIs are restricted by default to callers that send the admin key header
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -225,3 +226,19 @@ class LocalTritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def served_url(repository: Path, url: str | None, log_path: Path):
+    """Yield ``(gRPC URL, where)``: ``url`` itself when given, else the URL of a local
+    tritonserver started here on ``repository`` (its log at ``log_path``) and stopped on exit.
+    The evaluation commands take the served model either way."""
+    if url is not None:
+        yield url, url
+        return
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"starting tritonserver on {repository} (log: {log_path}) ...", flush=True)
+    started = time.perf_counter()
+    with LocalTritonServer(ServerConfig(repository=repository), log_path=log_path) as server:
+        print(f"ready in {time.perf_counter() - started:.1f} s", flush=True)
+        yield server.grpc_url, f"local tritonserver on {repository}"
