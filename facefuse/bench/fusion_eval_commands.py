@@ -109,7 +109,9 @@ def register_expression(subparsers) -> None:
     parser.add_argument("--pairs", type=int, default=None, help="pairs (default: one per ID)")
     parser.add_argument("--seed", type=int, default=1, help="pair draw")
     parser.add_argument("--cases", default=None,
-                        help="comma-separated subset of the cases (default all)")  # fmt: skip
+                        help="comma-separated cases (default: the six core cases; "
+                             "'phrasings': the smile paraphrases and negations, EN and ZH, "
+                             "with make_smile)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("reports/expression-eval"))
     parser.add_argument("--sheet", type=Path, default=None,
                         help="also write the contact sheet here")  # fmt: skip
@@ -123,7 +125,9 @@ def run_expression(args: argparse.Namespace) -> int:
     from facefuse.core.errors import InvalidInput
     from facefuse.quality.fusion_eval import (
         CASE_TITLES,
+        CORE_CASES,
         EXPRESSION_CASES,
+        PHRASING_CASES,
         FaceMeter,
         evaluate_expression,
         to_json,
@@ -133,7 +137,12 @@ def run_expression(args: argparse.Namespace) -> int:
     for kind in ("neutral", "smiling"):
         if not (args.london / kind).is_dir():
             raise InvalidInput("--london", f"needs {kind}/ID.jpg photos: {args.london / kind}")
-    cases = tuple(EXPRESSION_CASES) if args.cases is None else tuple(args.cases.split(","))
+    cases: tuple[str, ...] = CORE_CASES
+    if args.cases is not None:
+        cases = ()
+        for name in args.cases.split(","):  # "phrasings": every phrasing case, with make_smile
+            cases += ("make_smile", *PHRASING_CASES) if name == "phrasings" else (name,)
+        cases = tuple(dict.fromkeys(cases))
     unknown = [c for c in cases if c not in EXPRESSION_CASES]
     if unknown:
         raise InvalidInput("--cases", f"unknown {unknown}; choose from {list(EXPRESSION_CASES)}")
@@ -199,6 +208,8 @@ def run_expression(args: argparse.Namespace) -> int:
             f"latency {s['latency_ms_median']} ms"
         )
     print(f"ordering: {to_json(report)['ordering']}")
+    if report.get("phrasings"):
+        print(f"phrasings: {to_json(report)['phrasings']}")
     print(f"wrote {args.out / 'report.json'}")
     return 0
 

@@ -178,11 +178,16 @@ TRANSFERRED = (SMILE, MOUTH_OPEN)
 
 def expression_part(coefficients: np.ndarray, band: np.ndarray) -> np.ndarray:
     """The expression in a face's coefficients: the :data:`TRANSFERRED` modes beyond ``band``
-    (a neutral face's spread; soft-thresholded), 0 for the other modes."""
+    (a neutral face's spread; soft-thresholded), 0 for the other modes; ``mouth_open`` is
+    never below 0."""
     c = np.asarray(coefficients, np.float64)
     part = np.zeros_like(c)
     for i in TRANSFERRED:
         part[i] = np.sign(c[i]) * max(abs(c[i]) - float(band[i]), 0.0)
+    # lips pressed tighter than the neutral faces' are A's face, not an expression to undo:
+    # carrying B's closed mouth over to them would part A's lips (and show teeth) on a face
+    # that asked for no change
+    part[MOUTH_OPEN] = max(part[MOUTH_OPEN], 0.0)
     return part
 
 

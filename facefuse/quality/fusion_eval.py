@@ -658,6 +658,27 @@ CASE_TITLES = {
     "big_smile": "'a big smile' on a neutral B",
 }
 SHEET_CASES = ("b_smiles", "a_smiles", "make_smile", "keep_neutral")
+# Phrasings (``--cases phrasings``): each smile phrasing on a neutral B should reach at least
+# half of "make them smile"'s effect; each negation on a smiling B should keep it neutral.
+SMILE_PHRASINGS = {
+    "grin": "give them a grin", "happy": "make her look happy",
+    "warm": "a warm smile please", "beaming": "he should be beaming",
+    "put_smile": "put a smile on her face", "cheerful": "cheerful expression, keep the glasses",
+    "zh_smile": "让他微笑", "zh_laugh": "请让她笑一笑", "zh_big": "让她大笑",
+    "zh_trad": "讓他微笑", "zh_happy": "笑得开心一点", "zh_face": "面带笑容",
+}  # fmt: skip
+NEGATIONS = {
+    "dont": "don't smile", "no_smile": "no smile", "stop": "stop smiling",
+    "serious": "look serious", "zh_dont": "别笑", "zh_neutral": "保持中性表情",
+    "zh_no": "不要笑", "zh_serious": "表情严肃一点",
+}  # fmt: skip
+PHRASING_CASES = {
+    **{f"say_{k}": ("neutral", "neutral", v, "smiling") for k, v in SMILE_PHRASINGS.items()},
+    **{f"neg_{k}": ("neutral", "smiling", v, "neutral") for k, v in NEGATIONS.items()},
+}
+EXPRESSION_CASES.update(PHRASING_CASES)
+CASE_TITLES.update({c: f"{v[2]!r} on a {v[1]} B" for c, v in PHRASING_CASES.items()})
+CORE_CASES = tuple(c for c in EXPRESSION_CASES if c not in PHRASING_CASES)
 
 
 def corner_rise(points: np.ndarray) -> float:
@@ -705,7 +726,7 @@ def evaluate_expression(
     pairs: int | None = None,
     seed: int = 1,
     size: int = 128,
-    cases: Sequence[str] = tuple(EXPRESSION_CASES),
+    cases: Sequence[str] = CORE_CASES,
     meter: FaceMeter | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> tuple[dict, np.ndarray | None]:
@@ -793,6 +814,7 @@ def evaluate_expression(
         },
         "summary": summary,
         "ordering": _ordering(records, cases),
+        "phrasings": _phrasings(summary),
         "pairs": records,
     }
     columns = ("A neutral", "A smiling", "B neutral", "B smiling",
@@ -821,6 +843,26 @@ def _case_summary(rows: list[dict], latencies: list[float]) -> dict:
         "face_found_share": float(np.mean([r["face_found"] for r in done])) if done else None,
         "psnr_outside_min_db": min((r["psnr_outside_db"] for r in done), default=None),
         "latency_ms_median": _median(latencies),
+    }
+
+
+def _phrasings(summary: dict) -> dict:
+    """Each smile phrasing's median share over "make them smile"'s (target >= 0.5) and each
+    negation's median share of A's own smile (target: near 0, at most 0.5)."""
+    base = (summary.get("make_smile") or {}).get("smile_share_median")
+    said = {c: s["smile_share_median"] for c, s in summary.items() if c.startswith("say_")}
+    negated = {c: s["smile_share_median"] for c, s in summary.items() if c.startswith("neg_")}
+    if not said and not negated:
+        return {}
+    ratio = {c: (v / base if v is not None and base else None) for c, v in said.items()}
+    half = all(r is not None and r >= 0.5 for r in ratio.values()) if ratio and base else None
+    neutral = all(v is not None and v <= 0.5 for v in negated.values()) if negated else None
+    return {
+        "make_smile_median": base,
+        "smile_over_make_smile": ratio,
+        "smile_at_least_half": half,
+        "negation_share_median": negated,
+        "negations_at_most_half": neutral,
     }
 
 

@@ -11,9 +11,14 @@ model then fails with ``Stub process '<model>_0_0' is not healthy.`` while
 - sends a cheap health call to each leaf model (a minimal request built from the model's
   config: any answer within ``probe_timeout_s`` is alive; a timeout or "not healthy" is not);
 - on a failure takes the model out (its own ``/ready`` answers 503 so load balancers drain the
-  replica), SIGKILLs what is left of a stopped or hung stub, unloads and loads the model
-  through the model-repository API with the admin key (the server runs with
-  ``--model-control-mode=explicit``) and puts it back once its stubs run and it answers;
+  replica), SIGKILLs what is left of a stopped or hung stub and loads a fresh copy of the
+  model beside the old one through the model-repository API with the admin key (the server
+  runs with ``--model-control-mode=explicit``): a load with the model's own config, one
+  parameter bumped, which Triton treats as a changed model and swaps in once loaded, so the
+  surviving instances of a several-instance model keep serving meanwhile (a plain load of an
+  unchanged model is a no-op); where that load is refused, unload and load. The model is put
+  back once its new stubs run and it answers; the old copy's stubs are ended
+  ``OLD_COPY_GRACE_S`` later (Triton 2.51 never unloads a copy that lost an instance);
 - gives up on a model that failed ``max_reloads`` times within ``reload_window_s``: the model
   stays out, readiness stays failed, liveness fails (so an orchestrator restarts the
   container), the log and the metrics say why, and nothing spins;
@@ -60,6 +65,12 @@ M_READY = "facefuse_supervisor_ready"
 M_LIVE = "facefuse_supervisor_live"
 RECOVERY_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300)
 UNLOAD_GRACE_S = 5.0  # how long a reload waits for the unload before it loads anyway
+# the config parameter a replacing load bumps: Triton loads a changed model beside the old one
+GENERATION_PARAMETER = "facefuse_generation"
+# Triton 2.51 never finishes unloading a copy that had a dead instance, so its surviving stubs
+# would live on beside the new copy: they get no new requests, and are ended this long after
+# the swap (the pipelines' BLS timeout: what was still running on them has failed by then)
+OLD_COPY_GRACE_S = 60.0
 
 
 class SettingError(ValueError):
@@ -319,6 +330,19 @@ class TritonApi:
         status, body = self._call("POST", f"/v2/repository/models/{model}/load", b"{}", timeout_s)
         return status, body.decode(errors="replace")[:300]
 
+    def replace(self, model: str, timeout_s: float) -> tuple[int, str]:
+        """Load a new copy of ``model`` beside the serving one: its own config with
+        :data:`GENERATION_PARAMETER` bumped, so Triton sees a changed model, keeps the old copy
+        serving while the new one loads and then swaps them (in-flight requests finish)."""
+        config = self.config(model)
+        parameters = config.setdefault("parameters", {})
+        old = parameters.get(GENERATION_PARAMETER, {}).get("string_value", "0")
+        generation = int(old) + 1 if old.isdigit() else 1
+        parameters[GENERATION_PARAMETER] = {"string_value": str(generation)}
+        body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
+        status, text = self._call("POST", f"/v2/repository/models/{model}/load", body, timeout_s)
+        return status, text.decode(errors="replace")[:300]
+
     def probe(self, model: str, body: bytes, timeout_s: float) -> tuple[int | None, str]:
         """POST a health request; (HTTP status or None on timeout/reset, message)."""
         try:
@@ -456,6 +480,7 @@ class ModelWatch:
     reloads: deque = field(default_factory=deque)  # monotonic times of reload attempts
     stopped_seen: dict[int, int] = field(default_factory=dict)  # pid -> consecutive T states
     probe_misses: int = 0
+    old_copy: dict[int, float] = field(default_factory=dict)  # pid -> when to end it
 
 
 def instance_count(config: dict) -> int:
@@ -597,9 +622,11 @@ class Supervisor:
 
     def find_failures(self) -> dict[str, tuple[str, str]]:
         """model -> (kind, detail) for each model with a dead, stopped or hung process."""
+        old_copies = {pid for watch in self.models.values() for pid in watch.old_copy}
         by_model: dict[str, list[Stub]] = {}
         for stub in self.stubs():
-            by_model.setdefault(stub.model, []).append(stub)
+            if stub.pid not in old_copies:
+                by_model.setdefault(stub.model, []).append(stub)
         found: dict[str, tuple[str, str]] = {}
         for watch in self.models.values():
             if watch.state != "up":
@@ -690,6 +717,7 @@ class Supervisor:
                 self.log(event_line("unwatched", model=model, state=index.get(model, "gone")))
         for model, (kind, detail) in failures.items():
             self.on_failure(model, kind, detail)
+        self.end_old_copies()
         # models taken out whose reload failed earlier: try again (bounded by max_reloads)
         for watch in list(self.models.values()):
             if watch.state == "down" and self._backoff_over(watch):
@@ -761,7 +789,10 @@ class Supervisor:
         error = self._reload(watch, old, started + s.reload_timeout_s)
         if error is None:
             seconds = self.clock() - (watch.down_since or started)
+            end_at = self.clock() + OLD_COPY_GRACE_S
+            left = {st.pid for st in self.stubs() if st.state not in ("Z", "X")}
             with self.lock:
+                watch.old_copy.update({st.pid: end_at for st in old if st.pid in left})
                 watch.state, watch.reason, watch.down_since = "up", "", None
                 watch.stopped_seen, watch.probe_misses = {}, 0
                 self.metrics.inc(M_RELOADS, model=watch.name, outcome="ok")
@@ -778,6 +809,19 @@ class Supervisor:
             self.give_up(watch)
         return False
 
+    def end_old_copies(self) -> None:
+        """SIGKILL the stubs of replaced copies whose grace is over; forget the ones gone."""
+        now = self.clock()
+        listed = {st.pid: st for st in self.stubs() if st.state not in ("Z", "X")}
+        for watch in list(self.models.values()):
+            for pid, end_at in list(watch.old_copy.items()):
+                if pid not in listed:
+                    watch.old_copy.pop(pid)
+                elif now >= end_at:
+                    watch.old_copy.pop(pid)
+                    self.log(event_line("old_copy_ended", model=watch.name, pid=pid))
+                    self._kill(listed[pid])
+
     def _kill(self, stub: Stub) -> None:
         try:
             self.kill(stub.pid)
@@ -788,6 +832,14 @@ class Supervisor:
     def _reload(self, watch: ModelWatch, old: list[Stub], deadline: float) -> str | None:
         name = watch.name
         remaining = lambda: max(1.0, deadline - self.clock())  # noqa: E731
+        old_pids = {stub.pid for stub in old}
+        try:
+            status, text = self.api.replace(name, remaining())
+        except (OSError, RuntimeError, ValueError) as exc:
+            status, text = 0, f"{type(exc).__name__}: {exc}"
+        if status == 200:
+            return self._wait_new_stubs(watch, old_pids, deadline)
+        self.log(event_line("replace_refused", model=name, status=status, detail=text[:200]))
         status, text = self.api.unload(name, remaining())
         if status != 200:
             return f"unload answered {status}: {text}"
@@ -795,7 +847,6 @@ class Supervisor:
         # Triton 2.51 a request handed to the dead instance while it unloads can hang there
         # and keep the model UNLOADING for ever; a load then starts new instances beside it
         # (and sibling instances still finishing requests end when they are done).
-        old_pids = {stub.pid for stub in old}
         unloaded_at = self.clock()
         while True:
             if self.stopping.is_set():
@@ -816,6 +867,11 @@ class Supervisor:
         status, text = self.api.load(name, remaining())
         if status != 200:
             return f"load answered {status}: {text}"
+        return self._wait_new_stubs(watch, old_pids, deadline)
+
+    def _wait_new_stubs(self, watch: ModelWatch, old_pids: set[int], deadline: float) -> str | None:
+        """None once ``watch.expected`` new stubs run and the model answers ready."""
+        name = watch.name
         while True:
             if self.stopping.is_set():
                 return "supervisor stopping"

@@ -42,9 +42,18 @@ BAND = np.array([0.3, 0.15, 1.0, 2.0])
 
 
 def test_expression_part_is_beyond_the_neutral_band_and_smile_and_open_only():
-    part = expression_part(np.array([1.0, -0.5, 3.0, 3.0]), BAND)
-    assert np.allclose(part, [0.7, -0.35, 0.0, 0.0])
+    part = expression_part(np.array([1.0, 0.5, 3.0, 3.0]), BAND)
+    assert np.allclose(part, [0.7, 0.35, 0.0, 0.0])
     assert np.allclose(expression_part(np.array([0.2, 0.1, 0.0, 0.0]), BAND), 0)
+
+
+def test_lips_pressed_tighter_than_neutral_are_not_undone():
+    """A's tightly closed lips (mouth_open below the band) are A's face: with B's closed mouth
+    carried over nothing opens them (that parted A's lips onto B's teeth: a grimace)."""
+    assert np.allclose(expression_part(np.array([-1.0, -0.5, 0.0, 0.0]), BAND), [-0.7, 0, 0, 0])
+    own = np.array([0.0, -0.6, 0.0, 0.0])
+    wanted, applied = ExpressionEdit().wanted(own, np.zeros(4), BAND)
+    assert np.allclose(wanted, own) and applied["expression"]["source"]["mouth_open"] == 0.0
 
 
 def test_default_takes_the_targets_expression_part():

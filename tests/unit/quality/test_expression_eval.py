@@ -50,3 +50,20 @@ def test_cases_name_a_same_expression_photo_and_the_sheet_draws():
     rows = [[np.zeros((100, 100, 3), np.uint8)] * 8]
     sheet = _expression_sheet(rows, ["pair"], [f"c{i}" for i in range(8)], tile=40)
     assert sheet.shape == (34 + 58, 320, 3)
+
+
+def test_phrasing_cases_compare_with_make_them_smile_and_negations_with_neutral():
+    from facefuse.quality.fusion_eval import CORE_CASES, PHRASING_CASES, _phrasings
+
+    assert not set(PHRASING_CASES) & set(CORE_CASES) and len(CORE_CASES) == 6
+    assert any(any("\u4e00" <= ch <= "\u9fff" for ch in v[2]) for v in PHRASING_CASES.values())
+    summary = {
+        "make_smile": {"smile_share_median": 1.0},
+        "say_grin": {"smile_share_median": 0.6},
+        "say_zh_smile": {"smile_share_median": 0.4},
+        "neg_dont": {"smile_share_median": 0.05},
+    }
+    out = _phrasings(summary)
+    assert out["smile_over_make_smile"] == {"say_grin": 0.6, "say_zh_smile": 0.4}
+    assert out["smile_at_least_half"] is False and out["negations_at_most_half"] is True
+    assert _phrasings({"make_smile": {"smile_share_median": 1.0}}) == {}

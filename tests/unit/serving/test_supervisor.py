@@ -45,6 +45,7 @@ class FakeTriton:
         self.loaded = set(models)
         self.calls: list[tuple[str, str]] = []
         self.load_status = 200
+        self.replace_status: int | None = None  # None: as load_status (a broken model fails both)
         self.probe_answer: dict[str, tuple[int | None, str]] = {}
         for model in models:
             self._start(model)
@@ -84,6 +85,17 @@ class FakeTriton:
             return self.load_status, "failed to load"
         self.loaded.add(model)
         self._start(model)
+        return 200, ""
+
+    def replace(self, model, timeout_s):
+        """A load with a changed config: new stubs start, then the old ones end."""
+        self.calls.append(("replace", model))
+        status = self.load_status if self.replace_status is None else self.replace_status
+        if status != 200:
+            return status, "failed to load"
+        old = [s for s in self.stubs if s.model == model]
+        self._start(model)
+        self.stubs = [s for s in self.stubs if s not in old]
         return 200, ""
 
     def model_ready(self, model):
@@ -138,7 +150,7 @@ def test_a_dead_process_is_reloaded_and_counted():
     assert sup.readiness() == (True, "ok") and not triton.calls
     triton.die("unet")
     sup.tick()
-    assert [c for c in triton.calls if c[0] != "probe"] == [("unload", "unet"), ("load", "unet")]
+    assert [c for c in triton.calls if c[0] != "probe"] == [("replace", "unet")]
     assert sup.readiness() == (True, "ok") and sup.liveness() == (True, "ok")
     assert len(events(lines, "failure")) == 1 and "kind=exited" in events(lines, "failure")[0]
     assert len(events(lines, "recovered")) == 1
@@ -157,13 +169,13 @@ def test_one_dead_instance_of_several_is_found_and_readiness_fails_while_out():
     sup, triton, _clock, _lines = make()
     triton.die("facefusion", index=2)
     seen = []
-    original = triton.unload
+    original = triton.replace
 
-    def unload(model, timeout_s):  # readiness as a load balancer sees it during the reload
+    def replace(model, timeout_s):  # readiness as a load balancer sees it during the reload
         seen.append(sup.readiness())
         return original(model, timeout_s)
 
-    triton.unload = unload
+    triton.replace = replace
     sup.tick()
     assert seen[0][0] is False and "facefusion down: exited: 1 of 4" in seen[0][1]
     assert len([s for s in triton.stubs if s.model == "facefusion"]) == 4
@@ -177,7 +189,7 @@ def test_a_stopped_process_is_killed_before_the_reload():
     assert not [c for c in triton.calls if c[0] in ("unload", "kill")]
     sup.tick()
     calls = [c for c in triton.calls if c[0] != "probe"]
-    assert calls[:3] == [("kill", str(victim.pid)), ("unload", "unet"), ("load", "unet")]
+    assert calls[:2] == [("kill", str(victim.pid)), ("replace", "unet")]
     assert "kind=stopped" in events(lines, "failure")[0]
 
 
@@ -185,7 +197,7 @@ def test_a_zombie_counts_as_dead():
     sup, triton, _clock, _lines = make()
     triton.die("vae_decoder", state="Z")
     sup.tick()
-    assert ("load", "vae_decoder") in triton.calls
+    assert ("replace", "vae_decoder") in triton.calls
 
 
 def test_unanswered_health_calls_mean_hung_and_entry_models_get_none():
@@ -221,11 +233,11 @@ def test_a_model_that_keeps_dying_is_given_up_after_max_reloads_and_nothing_spin
     triton.die("unet")
     sup.tick()
     assert len(events(lines, "gave_up")) == 1
-    loads = triton.calls.count(("load", "unet"))
+    loads = triton.calls.count(("replace", "unet"))
     for _ in range(20):  # later passes neither reload nor log again
         clock.now += 1
         sup.tick()
-    assert triton.calls.count(("load", "unet")) == loads == 2
+    assert triton.calls.count(("replace", "unet")) == loads == 2
     assert len(events(lines, "gave_up")) == 1
     ready, why = sup.readiness()
     live, why_live = sup.liveness()
@@ -455,9 +467,11 @@ def test_an_unload_that_never_finishes_does_not_block_the_reload():
         return status
 
     triton.unload = unload_stuck
+    triton.replace_status = 400  # the replacing load refused: unload, then load
     triton.die("vae_decoder")
     sup.tick()
     assert ("load", "vae_decoder") in triton.calls
+    assert len(events(lines, "replace_refused")) == 1
     assert len(events(lines, "unload_pending")) == 1 and len(events(lines, "recovered")) == 1
 
 
@@ -466,19 +480,20 @@ def test_no_reload_while_the_server_shuts_down():
     triton.server_live = lambda: False
     triton.die("unet")
     sup.tick()
-    assert ("unload", "unet") not in triton.calls and not events(lines, "failure")
+    assert not {("unload", "unet"), ("replace", "unet")} & set(triton.calls)
+    assert not events(lines, "failure")
 
 
 def test_exit_on_give_up_ends_the_loop_with_code_3():
     sup, triton, _, lines = make(max_reloads=1, exit_on_give_up=True, poll_interval_s=0.1)
-    original = triton.load
+    original = triton.replace
 
     def load_then_die(model, timeout_s):  # a model that dies right after each load
         answer = original(model, timeout_s)
         triton.pending_death = model
         return answer
 
-    triton.load = load_then_die
+    triton.replace = load_then_die
     listed = triton.list_stubs
 
     def stubs_after_death():
@@ -498,5 +513,68 @@ def test_a_model_an_operator_unloaded_is_left_alone():
     triton.unload("vae_decoder", 10)  # through the admin API: its stubs end, it is not READY
     triton.calls.clear()
     sup.tick()
-    assert ("load", "vae_decoder") not in triton.calls and "vae_decoder" not in sup.models
+    assert not {("load", "vae_decoder"), ("replace", "vae_decoder")} & set(triton.calls)
+    assert "vae_decoder" not in sup.models
     assert len(events(lines, "unwatched")) == 1 and sup.readiness() == (True, "ok")
+
+
+def test_the_surviving_instances_serve_while_the_replacement_loads():
+    """One of four instances died: the new copy is loaded beside the old one (no unload), so
+    the three live instances keep answering until Triton swaps them."""
+    sup, triton, _clock, lines = make()
+    triton.die("facefusion", index=1)
+    live_during = []
+    original = triton.replace
+
+    def replace(model, timeout_s):
+        live_during.append(len([s for s in triton.stubs if s.model == model]))
+        return original(model, timeout_s)
+
+    triton.replace = replace
+    sup.tick()
+    calls = [c for c in triton.calls if c[0] != "probe"]
+    assert calls == [("replace", "facefusion")] and live_during == [3]
+    assert len(events(lines, "recovered")) == 1 and not events(lines, "replace_refused")
+
+
+def test_a_refused_replacement_falls_back_to_unload_and_load():
+    sup, triton, _clock, lines = make()
+    triton.replace_status = 400
+    triton.die("unet")
+    sup.tick()
+    calls = [c for c in triton.calls if c[0] != "probe"]
+    assert calls == [("replace", "unet"), ("unload", "unet"), ("load", "unet")]
+    refused = events(lines, "replace_refused")
+    assert len(refused) == 1 and "status=400" in refused[0]
+    assert len(events(lines, "recovered")) == 1 and sup.readiness() == (True, "ok")
+
+
+def test_the_old_copy_left_beside_the_new_one_is_ended_after_its_grace():
+    """Triton 2.51 never finishes unloading a copy that lost an instance: its live stubs stay
+    beside the new copy. They do not hide a later death and are killed after the grace."""
+    sup, triton, clock, lines = make()
+    triton.die("facefusion", index=0)
+    old = [s.pid for s in triton.stubs if s.model == "facefusion"]
+
+    def replace_keeping_old(model, timeout_s):
+        triton.calls.append(("replace", model))
+        triton._start(model)
+        return 200, ""
+
+    triton.replace = replace_keeping_old
+    sup.tick()
+    assert len([s for s in triton.stubs if s.model == "facefusion"]) == 7
+    assert set(sup.models["facefusion"].old_copy) == set(old)
+    new_victim = triton.die("facefusion", index=3)  # one of the new copy's: still found
+    assert new_victim.pid not in old
+    assert "facefusion" in sup.find_failures()
+    triton.stubs.append(new_victim)  # (undo: only the detection was under test)
+    clock.now += sv.OLD_COPY_GRACE_S - 1
+    sup.tick()
+    assert not events(lines, "old_copy_ended")
+    clock.now += 1
+    sup.tick()
+    ended = events(lines, "old_copy_ended")
+    assert len(ended) == 3 and all(("kill", str(pid)) in triton.calls for pid in old)
+    assert len([s for s in triton.stubs if s.model == "facefusion"]) == 4
+    assert sup.models["facefusion"].old_copy == {} and sup.readiness() == (True, "ok")
