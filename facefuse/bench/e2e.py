@@ -37,7 +37,7 @@ from facefuse.bench.loadgen import LoadResult, run_closed_loop, tree_cpu_seconds
 from facefuse.core.contract import SOURCE_IMAGE, TARGET_IMAGE
 from facefuse.core.metrics import sample_total, scrape
 
-CONTENDERS = ("baseline-a", "baseline-b", "facefuse", "in-process")
+CONTENDERS = ("baseline-a", "baseline-b", "facefuse", "in-process", "supervised")
 INSTRUCTION = (
     "Please make her smile and keep her short hair, soft studio lighting, highly detailed, "
     "ultra detailed, sharp focus, 8k, 4k, hd"
@@ -177,26 +177,45 @@ def local_fusion(pipeline, job: Job):
     return call
 
 
-def run_server_contender(repository: Path, levels, counts, steps, job: Job) -> dict:
-    from facefuse.serving.server import LocalTritonServer, ServerConfig
+def run_server_contender(
+    repository: Path, levels, counts, steps, job: Job, supervised: bool = False
+) -> dict:
+    """``supervised``: served as ``facefuse serve`` serves it, explicit model control and the
+    supervisor at its defaults watching (issue 33: it must cost a healthy server nothing)."""
+    from contextlib import nullcontext
 
-    out = {}
+    from facefuse.serving.server import LocalTritonServer, ServerConfig
+    from facefuse.serving.supervisor import Supervision, SupervisorSettings
+
     log = repository.parent / f"{repository.name}-server.log"
-    with LocalTritonServer(ServerConfig(repository=repository), log_path=log) as server:
-        call = remote_fusion(server.grpc_url, job, steps)
-        # Warm-up, not measured: one round at the highest concurrency, so that every pipeline
-        # instance has served once and the composing models have seen their batch shapes
-        # (first requests pay lazy loads and ORT allocations: ~1 s each on the tiny model).
-        run_closed_loop(call, max(levels), max(levels))
-        for level, count in zip(levels, counts):
-            rows0, execs0 = unet_rows_and_execs(server.metrics_url)
-            result = run_closed_loop(
-                call, level, count, cpu_clock=lambda: tree_cpu_seconds(server.process.pid)
-            )
-            rows1, execs1 = unet_rows_and_execs(server.metrics_url)
-            summary = result.summary()
-            summary["unet_rows_per_exec"] = round((rows1 - rows0) / max(1.0, execs1 - execs0), 2)
-            out[level] = (result, summary)
+    config = ServerConfig(repository=repository, model_control_explicit=supervised)
+    with LocalTritonServer(config, log_path=log) as server:
+        watch = (
+            Supervision(server.http_url, server.process.pid, config.admin_key,
+                        SupervisorSettings(), health_port=0, log=lambda line: None)
+            if supervised else nullcontext()
+        )  # fmt: skip
+        with watch:
+            return _measure_served(server, levels, counts, steps, job)
+
+
+def _measure_served(server, levels, counts, steps, job: Job) -> dict:
+    """Warm up, then each concurrency level in turn: {level: (result, summary)}."""
+    out = {}
+    call = remote_fusion(server.grpc_url, job, steps)
+    # Warm-up, not measured: one round at the highest concurrency, so that every pipeline
+    # instance has served once and the composing models have seen their batch shapes
+    # (first requests pay lazy loads and ORT allocations: ~1 s each on the tiny model).
+    run_closed_loop(call, max(levels), max(levels))
+    for level, count in zip(levels, counts):
+        rows0, execs0 = unet_rows_and_execs(server.metrics_url)
+        result = run_closed_loop(
+            call, level, count, cpu_clock=lambda: tree_cpu_seconds(server.process.pid)
+        )
+        rows1, execs1 = unet_rows_and_execs(server.metrics_url)
+        summary = result.summary()
+        summary["unet_rows_per_exec"] = round((rows1 - rows0) / max(1.0, execs1 - execs0), 2)
+        out[level] = (result, summary)
     return out
 
 
@@ -394,6 +413,14 @@ def ratios(results: dict, overhead: dict | None = None) -> dict:
         mine, theirs = get("facefuse", level, key), get(other, level, key)
         if mine and theirs:
             out[label] = round(theirs / mine if lower_is_better else mine / theirs, 2)
+    for level in (1, 4):  # issue 33: the supervisor costs a healthy server nothing
+        mine, watched = get("facefuse", level, "p50_ms"), get("supervised", level, "p50_ms")
+        if mine and watched:
+            out[f"p50 latency, supervised / facefuse, c={level}"] = round(watched / mine, 3)
+        mine = get("facefuse", level, "requests_per_s")
+        watched = get("supervised", level, "requests_per_s")
+        if mine and watched:
+            out[f"requests/s, supervised / facefuse, c={level}"] = round(watched / mine, 3)
     if overhead:
         out["Triton overhead per request, ms (c=1, paired median)"] = overhead["overhead_ms"]
         out["Triton overhead, % of end-to-end (c=1, paired median)"] = overhead["overhead_pct"]
@@ -484,8 +511,8 @@ def run_round(model, repositories: dict[str, Path], chosen, levels, counts, job:
         elif name == "baseline-b":
             naive = repositories["baseline-b"]
             runs = run_server_contender(naive, levels, counts, BASELINE_STEPS, job)
-        elif name == "facefuse":
-            runs = run_server_contender(repository, levels, counts, None, job)
+        elif name in ("facefuse", "supervised"):
+            runs = run_server_contender(repository, levels, counts, None, job, name == "supervised")
         else:
             runs = run_in_process(repository, [1], [counts[0]], job)
             overhead = measure_overhead(repository, counts[0] + 2, max(levels), job)

@@ -29,7 +29,7 @@ from facefuse.face.expression import lip_gap
 from facefuse.face.expression_edit import ExpressionEdit
 from facefuse.face.facemesh import LIPS_INNER, face_mesh
 from facefuse.face.imageio import PixelError
-from facefuse.face.mask import FEATHER, feathered_ellipse
+from facefuse.face.mask import FEATHER, feathered_ellipse, forehead_occlusion
 from facefuse.face.warp import backward_map
 
 SOURCE_FIELD, TARGET_FIELD = SOURCE_IMAGE.name, TARGET_IMAGE.name
@@ -233,7 +233,17 @@ def prepare_fusion(
     matched = match_color(warped, target_crop, face_region & (coverage > 0.99), face_region)
     if expression is not None:
         matched, info["expression"]["mouth_interior"] = fill_mouth(matched, target_crop, *mouth)
-    alpha = (mask * np.clip(coverage, 0.0, 1.0))[:, :, None]
+    alpha = mask * np.clip(coverage, 0.0, 1.0)
+    if expression is not None:  # A's hair over its forehead is not pasted onto B's
+        eyes = geometry.apply(
+            image_to_crop, np.array([target_face.left_eye, target_face.right_eye])
+        )
+        keep = forehead_occlusion(matched, (tuple(eyes[0]), tuple(eyes[1])), face_region)
+        info["expression"]["forehead_hair_share"] = round(
+            float(1.0 - keep[face_region].mean()) if face_region.any() else 0.0, 4
+        )
+        alpha = alpha * keep
+    alpha = alpha[:, :, None]
     composite = target_crop * (1.0 - alpha) + matched * alpha
     return FusionPlan(
         composite=np.clip(composite, 0.0, 1.0).astype(np.float32),

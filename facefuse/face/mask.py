@@ -82,3 +82,50 @@ def upper_face_weight(
     v = ((xs - cx) * down[0] + (ys - cy) * down[1]) / semi
     ramp = np.clip((v - split) / band + 0.5, 0.0, 1.0)  # 0 above the band, 1 below it
     return (hold + (1.0 - hold) * ramp).astype(np.float32)
+
+
+# Forehead occlusion (hair over A's forehead, issue 30): pixels of A's warped face this far from
+# A's skin colour (CIE76 delta E in L*a*b*) are hair where they reach up into the forehead
+OCCLUSION_BROW = 0.45  # hair is seeded this many eye distances above the eye line...
+OCCLUSION_REACH = 0.15  # ...and followed down to this height (a fringe's tips, not the brows)
+OCCLUSION_DELTA_E = (12.0, 24.0)  # followed where above the first, seeded above the second
+
+
+def forehead_occlusion(
+    face01: np.ndarray, eyes: tuple[tuple[float, float], tuple[float, float]], region: np.ndarray
+) -> np.ndarray:
+    """Per-pixel weight in [0, 1] of ``face01`` (float RGB) to keep: 0 on hair over the
+    forehead, 1 elsewhere. Hair: pixels farther than ``OCCLUSION_DELTA_E[0]`` from the skin
+    colour (the median over ``region``, boolean, below the eyes: cheeks and nose), connected to
+    pixels farther than ``OCCLUSION_DELTA_E[1]`` at least ``OCCLUSION_BROW`` eye distances above
+    the eye line ``eyes`` (in ``face01``'s pixels), and no lower than ``OCCLUSION_REACH``: a
+    fringe and its tips go, brows and glasses that do not touch it stay, and the skin between
+    strands goes with them. A fringe over A's forehead then lets B's forehead show instead of
+    being pasted onto it. Softened over a few pixels; all ones when there is
+    no skin to compare with."""
+    (lx, ly), (rx, ry) = eyes
+    span = float(np.hypot(rx - lx, ry - ly))
+    keep = np.ones(face01.shape[:2], np.float32)
+    if span < 2.0:
+        return keep
+    across = np.array([rx - lx, ry - ly]) / span
+    up = np.array([across[1], -across[0]])  # perpendicular, pointing up the image
+    ys, xs = np.mgrid[0 : face01.shape[0], 0 : face01.shape[1]].astype(np.float32)
+    height = ((xs - (lx + rx) / 2) * up[0] + (ys - (ly + ry) / 2) * up[1]) / span
+    skin = region & (height < -0.2)
+    if skin.sum() < 16:
+        return keep
+    lab = cv2.cvtColor(np.ascontiguousarray(face01, np.float32), cv2.COLOR_RGB2LAB)
+    delta = np.linalg.norm(lab - np.median(lab[skin], axis=0), axis=2)
+    weak, strong = OCCLUSION_DELTA_E
+    candidate = ((delta > weak) & (height >= OCCLUSION_REACH)).astype(np.uint8)
+    _, labels = cv2.connectedComponents(candidate, connectivity=8)
+    seeded = np.unique(labels[(delta > strong) & (height >= OCCLUSION_BROW)])
+    hair = np.isin(labels, seeded[seeded > 0]).astype(np.uint8)
+    # close the skin showing between strands and a fringe's tips (pasted alone they read as
+    # streaks on B's forehead), then soften the edge
+    radius = max(1, round(span * 0.08))
+    kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * radius + 1,) * 2)
+    hair = cv2.dilate(cv2.morphologyEx(hair, cv2.MORPH_CLOSE, kernel), kernel).astype(np.float32)
+    hair = cv2.GaussianBlur(hair, (4 * radius + 1,) * 2, radius)
+    return np.clip(1.0 - hair, 0.0, 1.0).astype(np.float32)
