@@ -86,22 +86,28 @@ def upper_face_weight(
 
 # Forehead occlusion (hair over A's forehead, issue 30): pixels of A's warped face this far from
 # A's skin colour (CIE76 delta E in L*a*b*) are hair where they reach up into the forehead
-OCCLUSION_BROW = 0.45  # hair is seeded this many eye distances above the eye line...
-OCCLUSION_REACH = 0.15  # ...and followed down to this height (a fringe's tips, not the brows)
-OCCLUSION_DELTA_E = (12.0, 24.0)  # followed where above the first, seeded above the second
+OCCLUSION_REACH = 0.33  # hair is followed down to this height in eye distances above the eye
+OCCLUSION_FRINGE = 0.5  # line (a fringe's tips, not the brows); only hair reaching below this
+# is a fringe: a hairline higher up stays A's (removing it cost identity: held-out pairs
+# nearer A 94% -> 81%); measured between the eyes' centres (OCCLUSION_MIDDLE eye distances
+# either side of the midpoint), not at the temples where hair always comes low
+OCCLUSION_MIDDLE = 0.5
+OCCLUSION_SEED = 0.6  # and it must come from above this height (hair, not brows)
+OCCLUSION_DELTA_E = (18.0, 30.0)  # followed where above the first, seeded above the second
 
 
 def forehead_occlusion(
     face01: np.ndarray, eyes: tuple[tuple[float, float], tuple[float, float]], region: np.ndarray
 ) -> np.ndarray:
     """Per-pixel weight in [0, 1] of ``face01`` (float RGB) to keep: 0 on hair over the
-    forehead, 1 elsewhere. Hair: pixels farther than ``OCCLUSION_DELTA_E[0]`` from the skin
-    colour (the median over ``region``, boolean, below the eyes: cheeks and nose), connected to
-    pixels farther than ``OCCLUSION_DELTA_E[1]`` at least ``OCCLUSION_BROW`` eye distances above
-    the eye line ``eyes`` (in ``face01``'s pixels), and no lower than ``OCCLUSION_REACH``: a
-    fringe and its tips go, brows and glasses that do not touch it stay, and the skin between
-    strands goes with them. A fringe over A's forehead then lets B's forehead show instead of
-    being pasted onto it. Softened over a few pixels; all ones when there is
+    forehead, 1 elsewhere. Hair: a connected area of pixels farther than
+    ``OCCLUSION_DELTA_E[0]`` from the skin colour (the median over ``region``, boolean, below
+    the eyes: cheeks and nose), no lower than ``OCCLUSION_REACH`` eye distances above the eye
+    line ``eyes`` (in ``face01``'s pixels), holding pixels farther than ``OCCLUSION_DELTA_E[1]``
+    above ``OCCLUSION_SEED`` and reaching below ``OCCLUSION_FRINGE`` between the eyes: a fringe and its tips go, with the skin between
+    its strands; brows and glasses that do not touch it stay, and so does a hairline above
+    ``OCCLUSION_FRINGE``. B's forehead then shows where A's fringe was. Softened over a few
+    pixels; all ones when there is
     no skin to compare with."""
     (lx, ly), (rx, ry) = eyes
     span = float(np.hypot(rx - lx, ry - ly))
@@ -112,6 +118,7 @@ def forehead_occlusion(
     up = np.array([across[1], -across[0]])  # perpendicular, pointing up the image
     ys, xs = np.mgrid[0 : face01.shape[0], 0 : face01.shape[1]].astype(np.float32)
     height = ((xs - (lx + rx) / 2) * up[0] + (ys - (ly + ry) / 2) * up[1]) / span
+    along = ((xs - (lx + rx) / 2) * across[0] + (ys - (ly + ry) / 2) * across[1]) / span
     skin = region & (height < -0.2)
     if skin.sum() < 16:
         return keep
@@ -119,9 +126,13 @@ def forehead_occlusion(
     delta = np.linalg.norm(lab - np.median(lab[skin], axis=0), axis=2)
     weak, strong = OCCLUSION_DELTA_E
     candidate = ((delta > weak) & (height >= OCCLUSION_REACH)).astype(np.uint8)
-    _, labels = cv2.connectedComponents(candidate, connectivity=8)
-    seeded = np.unique(labels[(delta > strong) & (height >= OCCLUSION_BROW)])
-    hair = np.isin(labels, seeded[seeded > 0]).astype(np.uint8)
+    count, labels = cv2.connectedComponents(candidate, connectivity=8)
+    lowest = np.full(count, np.inf)  # over the middle of the forehead (not the temples)
+    middle = (candidate > 0) & (np.abs(along) < OCCLUSION_MIDDLE)
+    np.minimum.at(lowest, labels[middle], height[middle])
+    seeded = np.unique(labels[(delta > strong) & (height >= OCCLUSION_SEED)])
+    fringe = seeded[(seeded > 0) & (lowest[seeded] < OCCLUSION_FRINGE)]
+    hair = np.isin(labels, fringe).astype(np.uint8)
     # close the skin showing between strands and a fringe's tips (pasted alone they read as
     # streaks on B's forehead), then soften the edge
     radius = max(1, round(span * 0.08))

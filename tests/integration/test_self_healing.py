@@ -244,6 +244,7 @@ def test_each_model_process_killed_under_four_clients_is_replaced(serve, sample_
             assert 503 in probes, f"/ready never said 503 while {model} was out: {set(probes)}"
             with traffic.lock:
                 window = [e for e in traffic.events if killed_at <= e[1] and e[0] <= recovered_at]
+                later = [e for e in traffic.events if e[0] >= killed_at + 15]
             failed = [e for e in window if not e[3]]
             first_ok = min(
                 (e[1] for e in traffic.events if e[3] and e[0] >= killed_at), default=None
@@ -255,13 +256,17 @@ def test_each_model_process_killed_under_four_clients_is_replaced(serve, sample_
                     len(window),
                     round(recovered_at - killed_at, 1),
                     round(first_ok - killed_at, 1) if first_ok else None,
+                    f"{sum(e[3] for e in later)}/{len(later)}",
                     sorted(set(probes)),
                 )
             )
     finally:
         traffic.finish()
     failures = [e for e in traffic.events if not e[3]]
-    print("\nmodel, failed / requests during the outage, s to recovered, s to first ok, /ready")
+    print(
+        "\nmodel, failed / requests during the outage, s to recovered, s to first ok, "
+        "ok / sent from 15 s after the kill (until the next kill), /ready"
+    )
     for row in report:
         print(*row)
     print(f"total: {len(traffic.events)} requests, {len(failures)} failed")
