@@ -84,16 +84,14 @@ def upper_face_weight(
     return (hold + (1.0 - hold) * ramp).astype(np.float32)
 
 
-# Forehead occlusion (hair over A's forehead, issue 30): pixels of A's warped face this far from
-# A's skin colour (CIE76 delta E in L*a*b*) are hair where they reach up into the forehead
-OCCLUSION_REACH = 0.33  # hair is followed down to this height in eye distances above the eye
-OCCLUSION_FRINGE = 0.5  # line (a fringe's tips, not the brows); only hair reaching below this
-# is a fringe: a hairline higher up stays A's (removing it cost identity: held-out pairs
-# nearer A 94% -> 81%); measured between the eyes' centres (OCCLUSION_MIDDLE eye distances
-# either side of the midpoint), not at the temples where hair always comes low
-OCCLUSION_MIDDLE = 0.5
-OCCLUSION_SEED = 0.6  # and it must come from above this height (hair, not brows)
-OCCLUSION_DELTA_E = (18.0, 30.0)  # followed where above the first, seeded above the second
+# Forehead occlusion (A's fringe, issue 30). Heights in eye distances above the eye line.
+OCCLUSION_DELTA_E = (18.0, 30.0)  # CIE76 distance to A's skin colour: hair above / certain above
+OCCLUSION_SEED = 0.6  # hair comes from above this height (not brows)...
+OCCLUSION_REACH = 0.33  # ...and is followed down to here (a fringe's tips, above the brows)
+OCCLUSION_FRINGE = 0.5  # only hair reaching below this between the eyes is a fringe: a hairline
+OCCLUSION_MIDDLE = 0.5  # stays A's (removing every hairline: nearer A 94% -> 81% held out);
+# "between the eyes": within this many eye distances of the midpoint (hair always comes low
+# at the temples)
 
 
 def forehead_occlusion(
@@ -104,10 +102,10 @@ def forehead_occlusion(
     ``OCCLUSION_DELTA_E[0]`` from the skin colour (the median over ``region``, boolean, below
     the eyes: cheeks and nose), no lower than ``OCCLUSION_REACH`` eye distances above the eye
     line ``eyes`` (in ``face01``'s pixels), holding pixels farther than ``OCCLUSION_DELTA_E[1]``
-    above ``OCCLUSION_SEED`` and reaching below ``OCCLUSION_FRINGE`` between the eyes: a fringe and its tips go, with the skin between
-    its strands; brows and glasses that do not touch it stay, and so does a hairline above
-    ``OCCLUSION_FRINGE``. B's forehead then shows where A's fringe was. Softened over a few
-    pixels; all ones when there is
+    above ``OCCLUSION_SEED`` and reaching below ``OCCLUSION_FRINGE`` between the eyes: a fringe
+    and its tips go, with the skin between its strands; brows and glasses that do not touch it
+    stay, and so does a hairline above ``OCCLUSION_FRINGE``. B's forehead then shows where A's
+    fringe was. Softened over a few pixels; all ones when there is
     no skin to compare with."""
     (lx, ly), (rx, ry) = eyes
     span = float(np.hypot(rx - lx, ry - ly))

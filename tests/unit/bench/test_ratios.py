@@ -110,3 +110,19 @@ def test_bench_unet_end_to_end_times_the_served_config_and_its_like_for_like_bas
     same = report["like_for_like"]
     assert same["baseline"] == "fp32 ddim-50 2 runs" and same["candidate"] == SERVED
     assert same["end_to_end"] > 0 and SERVED in report["ratios"]
+
+
+def test_the_supervisor_is_compared_with_the_same_server_unsupervised():
+    from facefuse.bench.e2e import CONTENDERS, ratios
+
+    assert "supervised" in CONTENDERS
+    results = {
+        "facefuse": {"1": {"p50_ms": 600.0, "requests_per_s": 1.6}, "4": {"p50_ms": 1400.0}},
+        "supervised": {"1": {"p50_ms": 630.0, "requests_per_s": 1.5}, "4": {"p50_ms": 1330.0}},
+    }
+    out = ratios(results)
+    assert out["p50 latency, supervised / facefuse, c=1"] == 1.05
+    assert out["requests/s, supervised / facefuse, c=1"] == 0.938
+    assert out["p50 latency, supervised / facefuse, c=4"] == 0.95
+    assert "requests/s, supervised / facefuse, c=4" not in out  # no figure, no ratio
+    assert not any("supervised" in key for key in ratios({"facefuse": results["facefuse"]}))
