@@ -578,3 +578,30 @@ def test_the_old_copy_left_beside_the_new_one_is_ended_after_its_grace():
     assert len(ended) == 3 and all(("kill", str(pid)) in triton.calls for pid in old)
     assert len([s for s in triton.stubs if s.model == "facefusion"]) == 4
     assert sup.models["facefusion"].old_copy == {} and sup.readiness() == (True, "ok")
+
+
+def test_the_replacing_load_sends_the_models_own_config_with_the_generation_bumped():
+    api = sv.TritonApi("127.0.0.1:1", admin_key="k")
+    served = {
+        "name": "unet",
+        "parameters": {"precision": {"string_value": "int8"}},
+        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+    }
+    sent = []
+
+    def call(method, path, body=None, timeout_s=None):
+        if method == "GET":
+            return 200, json.dumps(served).encode()
+        sent.append((path, json.loads(body)))
+        return 200, b""
+
+    api._call = call
+    for _ in range(2):
+        assert api.replace("unet", 10) == (200, "")
+        served = json.loads(sent[-1][1]["parameters"]["config"])  # what Triton now serves
+    assert [path for path, _ in sent] == ["/v2/repository/models/unet/load"] * 2
+    first, second = (json.loads(b["parameters"]["config"]) for _, b in sent)
+    assert first["parameters"][sv.GENERATION_PARAMETER] == {"string_value": "1"}
+    assert second["parameters"][sv.GENERATION_PARAMETER] == {"string_value": "2"}
+    assert second["parameters"]["precision"] == {"string_value": "int8"}
+    assert second["instance_group"] == served["instance_group"]
