@@ -269,14 +269,17 @@ class Chaos:
     def report(self, tally: Tally, end: float, timeout_s: float) -> dict:
         with tally.lock:
             requests = list(tally.requests)
-        per_kill = []
+        per_kill, all_late = [], []
         for i, kill in enumerate(self.kills):
             t = kill["t_s"]
             until = self.kills[i + 1]["t_s"] if i + 1 < len(self.kills) else end
-            window = [r for r in requests if t <= r[1] and r[0] < until]
+            # a request belongs to the kill before it ended: one sent just before the next
+            # kill and failed by it is that kill's, not this one's "from 15 s" failure
+            window = [r for r in requests if t <= r[1] < until]
             failed = [r for r in window if not r[2]]
             first_ok = min((r[1] for r in requests if r[2] and r[0] >= t), default=None)
-            late = [r for r in requests if t + 15 <= r[0] < until]
+            late = [r for r in window if r[0] >= t + 15]
+            all_late.extend(late)
             probes = [p for p in self.probes if t <= p[0] < until]
             not_ready = [p for p in probes if p[1] != 200]
             back = next((p[0] for p in probes if p[0] > t and p[1] == 200 and not_ready
@@ -307,6 +310,9 @@ class Chaos:
             "longest_request_s": round(max((r[1] - r[0] for r in requests), default=0), 1),
             "request_timeout_s": timeout_s,
             "hangs": sum(1 for r in requests if r[1] - r[0] > timeout_s + 5),
+            "ok_share_from_15_s": round(sum(r[2] for r in all_late) / len(all_late), 4)
+            if all_late
+            else None,
             "per_kill": per_kill,
         }
 

@@ -68,9 +68,11 @@ UNLOAD_GRACE_S = 5.0  # how long a reload waits for the unload before it loads a
 # the config parameter a replacing load bumps: Triton loads a changed model beside the old one
 GENERATION_PARAMETER = "facefuse_generation"
 # Triton 2.51 never finishes unloading a copy that had a dead instance, so its surviving stubs
-# would live on beside the new copy: they get no new requests, and are ended this long after
-# the swap (the pipelines' BLS timeout: what was still running on them has failed by then)
-OLD_COPY_GRACE_S = 60.0
+# would live on beside the new copy (3 facefusion stubs: +1.3 GB in the chaos soak). They get
+# no new requests and are ended this long after the swap: a fusion takes 1-8 s on 2 busy
+# cores, so what was running on them has finished; a rare slower one fails with Triton's
+# retryable "not healthy"
+OLD_COPY_GRACE_S = 15.0
 
 
 class SettingError(ValueError):
