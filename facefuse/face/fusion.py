@@ -169,7 +169,9 @@ def prepare_fusion(
     :class:`~facefuse.face.expression_edit.ExpressionEdit`): FaceMesh points of both faces,
     coefficients of :mod:`~facefuse.face.expression`, A's points retargeted, and A's pixels
     warped piecewise-affinely in the crop (one resampling from A's photo); ``plan.info``
-    reports it. None keeps A's expression (the paste of before). With ``expression`` every
+    reports it, and A's fringe is left out of the paste
+    (:func:`~facefuse.face.mask.forehead_occlusion`, ``forehead_hair_share`` in the info).
+    None keeps A's expression (the paste of before). With ``expression`` every
     face of B is found and ``expression.face_select`` chooses which to fuse
     (:func:`~facefuse.face.select.choose`; "reference" compares with ``reference_rgb``); this
     call fuses the ``expression.face_index``-th of them and ``plan.info["faces"]`` says how
