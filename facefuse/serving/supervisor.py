@@ -813,6 +813,8 @@ class Supervisor:
 
     def end_old_copies(self) -> None:
         """SIGKILL the stubs of replaced copies whose grace is over; forget the ones gone."""
+        if not any(watch.old_copy for watch in self.models.values()):
+            return  # the usual pass: no second /proc scan
         now = self.clock()
         listed = {st.pid: st for st in self.stubs() if st.state not in ("Z", "X")}
         for watch in list(self.models.values()):
