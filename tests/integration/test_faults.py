@@ -47,6 +47,7 @@ from facefuse.serving.server import (
     ServerConfig,
     ServerError,
 )
+from tests.integration.polling import wait_for
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,17 +78,6 @@ def prompt_inputs():
 
 def metric(metrics_url: str, name: str, **labels: str) -> float:
     return sample_total(scrape(metrics_url), name, **labels)
-
-
-def wait_for(condition, timeout_s: float, what: str, every_s: float = 0.25):
-    """Poll ``condition`` until it returns a truthy value (bounded; not a timing assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"gave up after {timeout_s:.0f} s waiting for {what}")
 
 
 def stubs(server_pid: int) -> dict[int, str]:

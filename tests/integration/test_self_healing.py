@@ -32,6 +32,7 @@ import pytest
 from facefuse.client import NO_RETRY, Client, ClientError, RetryPolicy
 
 from facefuse.serving.supervisor import parse_stub_cmdline
+from tests.integration.polling import wait_for
 
 pytestmark = pytest.mark.integration
 KEY = "s" * 32
@@ -83,16 +84,6 @@ class Serve:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
-
-
-def wait_for(condition, timeout_s: float, what: str, every_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"gave up after {timeout_s:.0f} s waiting for {what}")
 
 
 def start_serve(repository: Path, *extra: str) -> Serve:
