@@ -8,7 +8,11 @@ One command, one run, the same model, inputs, strength and guidance for every co
 - **baseline B** - a naive Triton deployment: the same repository with dynamic batching off,
   one instance per model, DDIM 50, fp32, no prompt compression, no prefix cache, each UNet
   call one ONNX Runtime run on all threads (:func:`facefuse.export.variants.naive_repository`);
-- **facefuse** - the default configuration.
+- **facefuse** - the default configuration;
+- **previous** - an earlier build of this project (``--previous CHECKOUT``: a git worktree of
+  an older commit with its own exported ``model_repository``), served by the same tritonserver
+  with that checkout's ``facefuse`` package first on the stub's ``PYTHONPATH``, so a change's
+  latency is measured against the build before it on the same machine and in the same run.
 
 For each concurrency: requests/s, p50/p95 latency, average UNet batch rows per execution (Triton
 metrics), CPU-seconds per image, plus ratios. With ``in-process`` chosen, Triton's overhead is
@@ -37,7 +41,7 @@ from facefuse.bench.loadgen import LoadResult, run_closed_loop, tree_cpu_seconds
 from facefuse.core.contract import SOURCE_IMAGE, TARGET_IMAGE
 from facefuse.core.metrics import sample_total, scrape
 
-CONTENDERS = ("baseline-a", "baseline-b", "facefuse", "in-process", "supervised")
+CONTENDERS = ("baseline-a", "baseline-b", "facefuse", "in-process", "supervised", "previous")
 INSTRUCTION = (
     "Please make her smile and keep her short hair, soft studio lighting, highly detailed, "
     "ultra detailed, sharp focus, 8k, 4k, hd"
@@ -90,6 +94,13 @@ def register(subparsers) -> None:
         "--contenders",
         default=",".join(CONTENDERS),
         help=f"comma-separated subset of {','.join(CONTENDERS)}",
+    )
+    parser.add_argument(
+        "--previous",
+        type=Path,
+        default=None,
+        help="the 'previous' contender: a checkout of an earlier build with an exported "
+        "model_repository/ (e.g. git worktree add /tmp/old COMMIT; facefuse export there)",
     )
     parser.add_argument(
         "--work-dir", type=Path, default=Path(".cache/bench"), help="exports live here"
@@ -178,17 +189,26 @@ def local_fusion(pipeline, job: Job):
 
 
 def run_server_contender(
-    repository: Path, levels, counts, steps, job: Job, supervised: bool = False
+    repository: Path,
+    levels,
+    counts,
+    steps,
+    job: Job,
+    supervised: bool = False,
+    python_path: Path | None = None,
 ) -> dict:
     """``supervised``: served as ``facefuse serve`` serves it, explicit model control and the
-    supervisor at its defaults watching (issue 33: it must cost a healthy server nothing)."""
+    supervisor at its defaults watching (issue 33: it must cost a healthy server nothing).
+    ``python_path``: a checkout whose ``facefuse`` package the model stubs import instead."""
     from contextlib import nullcontext
 
     from facefuse.serving.server import LocalTritonServer, ServerConfig
     from facefuse.serving.supervisor import Supervision, SupervisorSettings
 
     log = repository.parent / f"{repository.name}-server.log"
-    config = ServerConfig(repository=repository, model_control_explicit=supervised)
+    config = ServerConfig(
+        repository=repository, model_control_explicit=supervised, python_path=python_path
+    )
     with LocalTritonServer(config, log_path=log) as server:
         watch = (
             Supervision(server.http_url, server.process.pid, config.admin_key,
@@ -421,6 +441,10 @@ def ratios(results: dict, overhead: dict | None = None) -> dict:
         watched = get("supervised", level, "requests_per_s")
         if mine and watched:
             out[f"requests/s, supervised / facefuse, c={level}"] = round(watched / mine, 3)
+    for level in (1, 4):  # a change against the build before it (--previous)
+        mine, before = get("facefuse", level, "p50_ms"), get("previous", level, "p50_ms")
+        if mine and before:
+            out[f"p50 latency, facefuse / previous, c={level}"] = round(mine / before, 3)
     if overhead:
         out["Triton overhead per request, ms (c=1, paired median)"] = overhead["overhead_ms"]
         out["Triton overhead, % of end-to-end (c=1, paired median)"] = overhead["overhead_pct"]
@@ -513,6 +537,9 @@ def run_round(model, repositories: dict[str, Path], chosen, levels, counts, job:
             runs = run_server_contender(naive, levels, counts, BASELINE_STEPS, job)
         elif name in ("facefuse", "supervised"):
             runs = run_server_contender(repository, levels, counts, None, job, name == "supervised")
+        elif name == "previous":
+            old = repositories["previous"]
+            runs = run_server_contender(old, levels, counts, None, job, python_path=old.parent)
         else:
             runs = run_in_process(repository, [1], [counts[0]], job)
             overhead = measure_overhead(repository, counts[0] + 2, max(levels), job)
@@ -534,11 +561,16 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         print(f"--rounds: must be at least 1, got {args.rounds}", file=sys.stderr)
         return 2
+    old = args.previous / "model_repository" if args.previous else None
+    if "previous" in chosen and (old is None or not list(old.glob("*/1/*.onnx"))):
+        print("--previous: the 'previous' contender needs a checkout with an exported "
+              "model_repository/ (facefuse export run there)", file=sys.stderr)  # fmt: skip
+        return 2
     levels = sorted(set(args.concurrency))
     counts = [args.requests or (3 if lv == 1 else 2 * lv) for lv in levels]
     started = time.perf_counter()
     repository = exported_repository(args.model, args.work_dir)
-    repositories = {"facefuse": repository}
+    repositories = {"facefuse": repository, **({"previous": old} if old else {})}
     if "baseline-b" in chosen:
         repositories["baseline-b"] = naive_repository(repository, repository.parent / "naive")
     from facefuse.diffusion.pipeline import options_from_parameters

@@ -101,6 +101,8 @@ class ServerConfig:
     model_control_explicit: bool = False
     ready_timeout_s: float = 300.0
     extra_args: list[str] = field(default_factory=list)
+    # a checkout whose packages the model stubs import first (PYTHONPATH), e.g. an older build
+    python_path: Path | None = None
 
     def __post_init__(self) -> None:
         self.repository = Path(self.repository)
@@ -169,6 +171,12 @@ class LocalTritonServer:
         env.setdefault("OMP_NUM_THREADS", "1")
         # the stub's interpreter must see this environment's packages (editable install too)
         env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+        if self.config.python_path is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                p
+                for p in (str(Path(self.config.python_path).resolve()), env.get("PYTHONPATH"))
+                if p
+            )
         return env
 
     def start(self) -> LocalTritonServer:

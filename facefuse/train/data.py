@@ -6,13 +6,18 @@ cascade and cropped with the pipeline's own face ellipse and square box
 Augmentation (flip, small scale / rotation / shift, colour jitter) is applied to the photo
 through the crop's affine map, so a shifted crop shows real pixels, not padding.
 
-Captions come from what is known of each photo (:data:`CAPTIONS`): the London set's
-``neutral/`` and ``smiling/`` folders, "black and white" for the congress portraits, a portrait
-caption otherwise. Held-out London people are never read for training.
+Captions say what is known of each photo (:func:`caption`): the London set's ``neutral/`` and
+``smiling/`` folders, "black and white" for the congress portraits and the grey copies, the
+expression of the other photos where the landmark smile classifier is confident
+(``labels/expressions.csv``, :mod:`facefuse.train.expression_labels`), and the person ("young
+woman", "old man", ``labels/people.csv``, labelled by looking at each colour photo). Generic
+portrait words ("portrait photo", "headshot") are added to every set at one rate, so that they
+call up no set of their own. Held-out London people are never read for training.
 """
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -50,6 +55,11 @@ CAPTIONS = {
     "bw": ("black and white photo", "black and white portrait", "monochrome portrait photo"),
     "portrait": ("portrait photo", "portrait", "photo person", "face", "headshot"),
 }
+# The person words of labels/people.csv ("young woman", "old man", "man"); an age is only
+# said with a gender.
+GENDERS, AGES = ("man", "woman"), ("young", "old")
+LABELS = Path(__file__).parent / "labels"
+
 # Words users add that say nothing the photos show; appended at random so that the model keeps
 # following the expression words when they appear ("make her smile, keep the hair" ->
 # "smiling hair").
@@ -77,6 +87,14 @@ class Photo:
     dataset: str
     person: str
     kind: str
+    expression: str = ""  # "smiling" / "neutral" where known beyond ``kind``, else ""
+    gender: str = ""
+    age: str = ""
+
+    @property
+    def labels(self) -> str:
+        """``expression|gender|age``, as the latent cache stores it."""
+        return f"{self.expression}|{self.gender}|{self.age}"
 
 
 def london_people(root: Path) -> list[str]:
@@ -98,9 +116,39 @@ def split_people(people: list[str], heldout: int, seed: int) -> tuple[list[str],
     return sorted(set(people) - chosen), sorted(chosen)
 
 
-def collect_photos(root: str | Path, heldout: Iterable[str]) -> list[Photo]:
-    """Every training photo under ``root`` (a folder laid out like ``../shared/data``)."""
+def read_labels(folder: Path = LABELS) -> dict[tuple[str, str], dict[str, str]]:
+    """(dataset, id) -> {"expression", "gender", "age"} from the label files of ``folder``
+    (missing files: no labels). A value outside the known words names the file and row."""
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    allowed = {"gender": (*GENDERS, "unknown"), "age": (*AGES, "unknown"),
+               "label": ("smiling", "neutral", "")}  # fmt: skip
+    for name, columns in (("people.csv", ("gender", "age")), ("expressions.csv", ("label",))):
+        path = folder / name
+        if not path.is_file():
+            continue
+        with path.open(newline="") as handle:
+            for line, row in enumerate(csv.DictReader(handle), start=2):
+                for column in columns:
+                    value = (row.get(column) or "").strip()
+                    if value not in allowed[column]:
+                        raise InvalidInput(
+                            str(path),
+                            f"line {line}: {column} must be one of "
+                            f"{allowed[column]}, got {value!r}",
+                        )
+                    key = "expression" if column == "label" else column
+                    entry = out.setdefault((row["dataset"], row["id"]), {})
+                    entry[key] = "" if value == "unknown" else value
+    return out
+
+
+def collect_photos(
+    root: str | Path, heldout: Iterable[str], labels: dict | None = None
+) -> list[Photo]:
+    """Every training photo under ``root`` (a folder laid out like ``../shared/data``), with
+    ``labels`` (default: :func:`read_labels`) attached."""
     root = Path(root)
+    labels = read_labels() if labels is None else labels
     if not root.is_dir():
         raise InvalidInput("--data", f"{root} is not a directory")
     skip = set(heldout)
@@ -108,12 +156,16 @@ def collect_photos(root: str | Path, heldout: Iterable[str]) -> list[Photo]:
     for person in london_people(root):
         if person in skip:
             continue
+        who = labels.get((LONDON, person), {})
         for kind in ("neutral", "smiling"):
-            photos += [Photo(root / LONDON / kind / f"{person}.jpg", LONDON, person, kind)]
-    if (root / CONGRESS).is_dir():
-        photos += [Photo(p, CONGRESS, p.stem, "bw") for p in image_files(root / CONGRESS)]
-    if (root / PORTRAITS).is_dir():
-        photos += [Photo(p, PORTRAITS, p.stem, "portrait") for p in image_files(root / PORTRAITS)]
+            path = root / LONDON / kind / f"{person}.jpg"
+            photos += [Photo(path, LONDON, person, kind, "", who.get("gender", ""),
+                             who.get("age", ""))]  # fmt: skip
+    for dataset, kind in ((CONGRESS, "bw"), (PORTRAITS, "portrait")):
+        for path in image_files(root / dataset) if (root / dataset).is_dir() else []:
+            known = labels.get((dataset, path.stem), {})
+            photos += [Photo(path, dataset, path.stem, kind, known.get("expression", ""),
+                             known.get("gender", ""), known.get("age", ""))]  # fmt: skip
     photos = [p for p in photos if p.path.is_file()]
     if not photos:
         raise InvalidInput(
@@ -192,12 +244,35 @@ def grey(rgb: np.ndarray) -> np.ndarray:
 
 
 def caption(
-    kind: str, rng: np.random.Generator, distractor_p: float = 0.3, generic_p: float = 0.0
+    kind: str,
+    rng: np.random.Generator,
+    distractor_p: float = 0.3,
+    generic_p: float = 0.0,
+    labels: str = "||",
+    part_p: float = 0.7,
 ) -> str:
-    """A phrasing of ``kind``, sometimes after a generic word (``generic_p``) and sometimes with
-    a distractor word before or after; parts are comma-separated, as the optimizer writes them."""
-    text = str(rng.choice(CAPTIONS[kind]))
-    if kind != "portrait" and rng.random() < generic_p:
+    """A caption of a photo of ``kind`` with ``labels`` (``expression|gender|age``).
+
+    Parts: the kind's phrasing (the expression for the London set, "black and white" for
+    ``bw``; none for ``portrait``), each known label with probability ``part_p`` (the person
+    as "young woman" or "woman"), in random order; then a generic word before it with
+    probability ``generic_p`` and a distractor before or after with ``distractor_p``. A photo
+    that would get no part gets its person, or a ``portrait`` phrasing when nothing is known.
+    Parts are comma-separated, as the prompt optimizer writes them."""
+    expression, gender, age = [*labels.split("|"), "", ""][:3]
+    parts = [] if kind == "portrait" else [str(rng.choice(CAPTIONS[kind]))]
+    if expression and kind not in ("smiling", "neutral") and rng.random() < part_p:
+        parts.append(str(rng.choice(CAPTIONS[expression])))
+    person = ""
+    if gender:
+        person = f"{age} {gender}" if age and rng.random() < part_p else gender
+        if rng.random() < part_p or not parts:
+            parts.append(person)
+    if not parts:
+        parts.append(str(rng.choice(CAPTIONS["portrait"])))
+    order = rng.permutation(len(parts))
+    text = ", ".join(parts[i] for i in order)
+    if rng.random() < generic_p:
         text = f"{rng.choice(GENERIC)}, {text}"
     if rng.random() < distractor_p:
         word = str(rng.choice(DISTRACTORS))

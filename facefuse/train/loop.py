@@ -13,6 +13,7 @@ encoder sees exactly the token ids the served ``prompt_optimizer`` produces
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -92,15 +93,16 @@ def prepare_latents(config: TrainConfig, data_root: Path, taef2_dir: Path, run: 
     photos = data.collect_photos(data_root, heldout)
     vae = load_taef2(taef2_dir)
     rng = np.random.default_rng(config.seed)
-    latents, kinds, datasets, skipped = [], [], [], []
+    latents, kinds, datasets, labels, skipped = [], [], [], [], []
     started = time.perf_counter()
 
-    def add(crops: list[np.ndarray], kind: str, dataset: str) -> None:
+    def add(crops: list[np.ndarray], kind: str, dataset: str, photo_labels: str) -> None:
         batch = torch.from_numpy(np.stack(crops)).permute(0, 3, 1, 2)
         with torch.no_grad():
             latents.append(vae.raw_encode(batch).numpy().astype(np.float16))
         kinds.append(KINDS.index(kind))
         datasets.append(dataset)
+        labels.append(photo_labels)
 
     for index, photo in enumerate(photos):
         item = data.locate(photo, config.size)
@@ -109,9 +111,16 @@ def prepare_latents(config: TrainConfig, data_root: Path, taef2_dir: Path, run: 
             continue
         crops = [data.crop(item, config.size)]
         crops += [data.crop(item, config.size, rng) for _ in range(config.augmentations)]
-        add(crops, photo.kind, photo.dataset)
+        add(crops, photo.kind, photo.dataset, photo.labels)
         if config.grey_share > 0 and photo.kind != "bw":
-            add([data.grey(c) for c in crops], "bw", data.GREY)
+            # a grey copy keeps what is known of the photo; a London photo's expression is
+            # its folder (kind), said again as a label since the copy's kind is "bw"
+            known = (
+                photo.labels
+                if photo.dataset != data.LONDON
+                else f"{photo.kind}|" + (photo.labels.split("|", 1)[1])
+            )
+            add([data.grey(c) for c in crops], "bw", data.GREY, known)
         if index % 50 == 0:
             log(f"encoded {index + 1}/{len(photos)} photos ({time.perf_counter() - started:.0f} s)")
     if not latents:
@@ -122,6 +131,7 @@ def prepare_latents(config: TrainConfig, data_root: Path, taef2_dir: Path, run: 
         "latents": stacked,
         "kinds": np.asarray(kinds, np.int64),
         "datasets": np.asarray(datasets),
+        "labels": np.asarray(labels),
         "shift": np.float32(raw.mean()),
         "scale": np.float32(1.0 / raw.std()),
         "heldout": np.asarray(heldout),
@@ -137,9 +147,14 @@ def prepare_latents(config: TrainConfig, data_root: Path, taef2_dir: Path, run: 
 
 
 def _latent_key(config: TrainConfig) -> dict:
+    """What the cached latents depend on: crop settings and the label files' contents."""
+    digest = hashlib.sha256()
+    for name in ("people.csv", "expressions.csv"):
+        path = data.LABELS / name
+        digest.update(path.read_bytes() if path.is_file() else b"")
     return {"size": config.size, "seed": config.seed, "heldout": config.heldout,
-            "augmentations": config.augmentations,
-            "grey_copies": config.grey_share > 0}  # fmt: skip
+            "augmentations": config.augmentations, "grey_copies": config.grey_share > 0,
+            "labels": digest.hexdigest()[:16]}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- training
@@ -177,6 +192,7 @@ class Trainer:
         self.noise = noise_scheduler(config)
         self.latents = torch.from_numpy(arrays["latents"].astype(np.float32))
         self.kinds = arrays["kinds"]
+        self.labels = arrays["labels"] if "labels" in arrays else np.full(len(self.kinds), "||")
         weights = np.array([data.SAMPLING_WEIGHT[d] for d in arrays["datasets"]], np.float64)
         for dataset in set(arrays["datasets"].tolist()):
             members = arrays["datasets"] == dataset
@@ -245,7 +261,12 @@ class Trainer:
             if self.rng.random() < config.cond_dropout:
                 texts.append("" if self.rng.random() < 0.5 else DEFAULT_NEGATIVE)
                 continue
-            text = data.caption(KINDS[self.kinds[photo]], self.rng, generic_p=config.generic_share)
+            text = data.caption(
+                KINDS[self.kinds[photo]],
+                self.rng,
+                generic_p=config.generic_share,
+                labels=str(self.labels[photo]),
+            )
             if config.template and self.rng.random() < config.template_share:
                 text = served_prompt(config.template, text)
             texts.append(text)

@@ -126,3 +126,19 @@ def test_the_supervisor_is_compared_with_the_same_server_unsupervised():
     assert out["p50 latency, supervised / facefuse, c=4"] == 0.95
     assert "requests/s, supervised / facefuse, c=4" not in out  # no figure, no ratio
     assert not any("supervised" in key for key in ratios({"facefuse": results["facefuse"]}))
+
+
+def test_a_change_is_compared_with_the_build_before_it():
+    from facefuse.bench.e2e import CONTENDERS, ratios
+
+    assert "previous" in CONTENDERS
+    results = {"facefuse": {"1": {"p50_ms": 660.0}}, "previous": {"1": {"p50_ms": 600.0}}}
+    assert ratios(results)["p50 latency, facefuse / previous, c=1"] == 1.1
+
+
+def test_the_previous_contender_needs_an_exported_checkout(tmp_path, capsys):
+    from facefuse.cli import main
+
+    args = ["bench", "e2e", "--contenders", "previous", "--previous", str(tmp_path)]
+    assert main(args) == 2
+    assert "--previous" in capsys.readouterr().err

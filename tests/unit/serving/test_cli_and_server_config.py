@@ -166,3 +166,14 @@ def test_server_config_restricts_admin_apis_and_stays_on_loopback(tmp_path):
         ServerConfig(repository=tmp_path / "missing")
     with pytest.raises(ServerError, match="host"):
         ServerConfig(repository=tmp_path, host="10.0.0.1")
+
+
+def test_an_older_checkout_is_first_on_the_stubs_python_path(tmp_path):
+    import os
+
+    from facefuse.serving.server import LocalTritonServer, ServerConfig
+
+    plain = LocalTritonServer(ServerConfig(repository=tmp_path)).environment()
+    assert plain.get("PYTHONPATH") == os.environ.get("PYTHONPATH")
+    older = LocalTritonServer(ServerConfig(repository=tmp_path, python_path=tmp_path))
+    assert older.environment()["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path.resolve())

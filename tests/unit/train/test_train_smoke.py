@@ -47,7 +47,7 @@ def test_split_holds_out_a_seeded_disjoint_set():
 
 def test_collect_photos_never_reads_heldout_people(tmp_path):
     root = _data_folder(tmp_path)
-    kinds = sorted(p.kind for p in data.collect_photos(root, heldout=[]))
+    kinds = sorted(p.kind for p in data.collect_photos(root, heldout=[], labels={}))
     assert kinds == ["neutral", "portrait", "smiling"]
     assert [p.kind for p in data.collect_photos(root, heldout=["001"])] == ["portrait"]
     with pytest.raises(InvalidInput, match=r"--data.*not a directory"):
@@ -187,6 +187,47 @@ def test_captions_are_comma_separated_and_generic_words_reach_every_set():
         assert sum(p in data.GENERIC for p in parts[:2]) >= 1
     assert all(data.caption("neutral", rng, generic_p=0.0, distractor_p=0.0) in
                data.CAPTIONS["neutral"] for _ in range(20))  # fmt: skip
+
+
+def test_labels_attach_to_their_photos_and_a_bad_value_names_the_file(tmp_path):
+    root = _data_folder(tmp_path / "data")
+    labels = {(data.LONDON, "001"): {"gender": "woman", "age": "old"},
+              (data.PORTRAITS, "001"): {"gender": "woman", "expression": "smiling"}}  # fmt: skip
+    photos = {(p.dataset, p.kind): p for p in data.collect_photos(root, [], labels)}
+    assert photos[(data.LONDON, "smiling")].labels == "|woman|old"
+    assert photos[(data.PORTRAITS, "portrait")].labels == "smiling|woman|"
+    folder = tmp_path / "labels"
+    folder.mkdir()
+    (folder / "people.csv").write_text("dataset,id,gender,age\nfaces,001,woman,unknown\n")
+    assert data.read_labels(folder) == {("faces", "001"): {"gender": "woman", "age": ""}}
+    (folder / "people.csv").write_text("dataset,id,gender,age\nfaces,001,girl,young\n")
+    with pytest.raises(InvalidInput, match=r"people\.csv.*line 2: gender must be one of"):
+        data.read_labels(folder)
+
+
+def test_shipped_labels_cover_every_colour_portrait_and_london_person():
+    labels = data.read_labels()
+    assert sum(d == data.PORTRAITS and "gender" in v for (d, _), v in labels.items()) == 100
+    assert sum(d == data.LONDON and "gender" in v for (d, _), v in labels.items()) == 82
+    assert sum(v.get("expression") == "smiling" for v in labels.values()) > 500
+
+
+def test_captions_say_the_person_and_a_known_expression_and_never_only_generic_words():
+    rng = np.random.default_rng(0)
+    texts = [data.caption("portrait", rng, generic_p=0.3, labels="smiling|woman|young")
+             for _ in range(300)]  # fmt: skip
+    assert all("woman" in t or "smil" in t or "smile" in t for t in texts)
+    assert any("young woman" in t for t in texts) and any(
+        "woman" in t and "young" not in t for t in texts
+    )
+    assert 0.55 < np.mean(["smil" in t or "smile" in t for t in texts]) < 0.85
+    generic = np.mean([t.split(", ")[0] in data.GENERIC for t in texts])
+    assert 0.2 < generic < 0.45  # the same rate as every other set, not 100%
+    bw = [data.caption("bw", rng, distractor_p=0.0, labels="smiling||") for _ in range(50)]
+    assert all(any(p in data.CAPTIONS["bw"] for p in t.split(", ")) for t in bw)
+    assert not any("man" in t.split() for t in bw)  # no person word without a label
+    # a photo with nothing known still gets a caption
+    assert data.caption("portrait", rng, 0.0) in data.CAPTIONS["portrait"]
 
 
 def test_grey_copies_have_no_colour():
