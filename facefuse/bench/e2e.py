@@ -11,7 +11,7 @@ One command, one run, the same model, inputs, strength and guidance for every co
 - **facefuse** - the default configuration;
 - **previous** - an earlier build of this project (``--previous CHECKOUT``: a git worktree of
   an older commit with its own exported ``model_repository``), served by the same tritonserver
-  with that checkout's ``facefuse`` package first on the stub's ``PYTHONPATH``, so a change's
+  with that checkout's ``facefuse`` package imported first by the stubs, so a change's
   latency is measured against the build before it on the same machine and in the same run.
 
 For each concurrency: requests/s, p50/p95 latency, average UNet batch rows per execution (Triton

@@ -101,7 +101,8 @@ class ServerConfig:
     model_control_explicit: bool = False
     ready_timeout_s: float = 300.0
     extra_args: list[str] = field(default_factory=list)
-    # a checkout whose packages the model stubs import first (PYTHONPATH), e.g. an older build
+    # a checkout whose packages the model stubs import first, e.g. an older build
+    # (:func:`stub_python_first`)
     python_path: Path | None = None
 
     def __post_init__(self) -> None:
@@ -118,6 +119,30 @@ class ServerConfig:
                 setattr(self, name, free_port())
         if self.admin_key is None:
             self.admin_key = secrets.token_hex(16)
+
+
+def stub_python_first(checkout: Path) -> Path:
+    """A venv (made once, ``checkout/.facefuse-stub-venv``) whose ``sys.path`` starts with
+    ``checkout`` and goes on with this interpreter's site-packages; returns its folder. (The
+    server is also started in ``checkout``: the stubs import from their working directory.)
+
+    The Python-backend stub embeds libpython in isolated mode (PYTHONPATH is ignored) and takes
+    its prefix from the first ``python3`` on PATH (docs/gpu.md), so a stub started with this
+    venv's ``bin`` first imports ``checkout``'s packages before this environment's (an
+    editable install's finder comes after every ``sys.path`` entry)."""
+    import site
+
+    checkout = checkout.resolve()
+    venv = checkout / ".facefuse-stub-venv"
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    pth = venv / "lib" / version / "site-packages" / "zz_facefuse_first.pth"
+    lines = [str(checkout)] + [
+        f"import site; site.addsitedir({d!r})" for d in site.getsitepackages()
+    ]
+    if not pth.is_file() or pth.read_text().splitlines() != lines:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        pth.write_text("\n".join(lines) + "\n")
+    return venv
 
 
 class LocalTritonServer:
@@ -170,13 +195,10 @@ class LocalTritonServer:
         )
         env.setdefault("OMP_NUM_THREADS", "1")
         # the stub's interpreter must see this environment's packages (editable install too)
-        env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+        interpreter = Path(sys.executable).parent
         if self.config.python_path is not None:
-            env["PYTHONPATH"] = os.pathsep.join(
-                p
-                for p in (str(Path(self.config.python_path).resolve()), env.get("PYTHONPATH"))
-                if p
-            )
+            interpreter = stub_python_first(Path(self.config.python_path)) / "bin"
+        env["PATH"] = os.pathsep.join((str(interpreter), env.get("PATH", "")))
         return env
 
     def start(self) -> LocalTritonServer:
@@ -186,8 +208,14 @@ class LocalTritonServer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log_file = open(self.log_path, "wb")
             out = self._log_file
+        # the stubs also import from their working directory: an older checkout's, when given
+        where = self.config.python_path
         self.process = subprocess.Popen(
-            self.command(paths), env=self.environment(), stdout=out, stderr=subprocess.STDOUT
+            self.command(paths),
+            env=self.environment(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=None if where is None else Path(where).resolve(),
         )
         try:
             self.wait_ready()

@@ -168,12 +168,21 @@ def test_server_config_restricts_admin_apis_and_stays_on_loopback(tmp_path):
         ServerConfig(repository=tmp_path, host="10.0.0.1")
 
 
-def test_an_older_checkout_is_first_on_the_stubs_python_path(tmp_path):
+def test_an_older_checkout_is_imported_first_by_the_stubs_python(tmp_path):
+    """The stub ignores PYTHONPATH (isolated mode) and takes the first python3 on PATH."""
     import os
+    import subprocess
 
     from facefuse.serving.server import LocalTritonServer, ServerConfig
 
+    checkout = tmp_path / "old"
+    (checkout / "facefuse").mkdir(parents=True)
+    (checkout / "facefuse" / "__init__.py").write_text("OLD = True\n")
+    server = LocalTritonServer(ServerConfig(repository=tmp_path, python_path=checkout))
+    first = type(tmp_path)(server.environment()["PATH"].split(os.pathsep)[0])
+    assert first.parent == checkout.resolve() / ".facefuse-stub-venv"
+    probe = "import facefuse, numpy; print(facefuse.OLD)"  # numpy: this environment's packages
+    out = subprocess.run([first / "python3", "-I", "-c", probe], capture_output=True, text=True)
+    assert out.stdout.strip() == "True", out.stderr
     plain = LocalTritonServer(ServerConfig(repository=tmp_path)).environment()
-    assert plain.get("PYTHONPATH") == os.environ.get("PYTHONPATH")
-    older = LocalTritonServer(ServerConfig(repository=tmp_path, python_path=tmp_path))
-    assert older.environment()["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path.resolve())
+    assert ".facefuse-stub-venv" not in plain["PATH"]
