@@ -35,7 +35,11 @@ meaning, and no pretrained one can be downloaded here.
 - Captions as served: {template_share:.0%} of them start with the deployment's prompt template
   ("{template}, ..."), the words the text encoder's prefix cache serves; {generic_share:.0%}
   carry a generic portrait word ("portrait photo", "headshot", ...) whatever the set; parts are
-  comma-separated like the prompt optimizer's output.
+  comma-separated like the prompt optimizer's output. Each caption says what is known of its
+  photo (``facefuse/train/labels``, digest {labels}): the London folder's expression, the
+  person ("young woman", "old man", "man"; labelled by looking at each colour photo) and, for
+  the congress and inter-faces photos, "smiling" / "neutral expression" where the FaceMesh
+  smile classifier is confident (``python -m facefuse.train.expression_labels``).
 - Held out (never read for training): London set people {heldout}.
 
 ## Data and licences
@@ -45,7 +49,7 @@ meaning, and no pretrained one can be downloaded here.
   Set" when you redistribute them.
 - Congressional Pictorial Directory portraits (US government works, public domain), captioned
   "black and white photo".
-- inter-faces avatar set (cjdowner/interfaces 1.4, CC0), captioned as portraits.
+- inter-faces avatar set (cjdowner/interfaces 1.4, CC0), captioned by the person and expression.
 - TAEF2 weights: MIT licence (THIRD_PARTY_LICENSES.md).
 
 Not for identifying people; trained on few hundred faces, it draws plausible faces at low
@@ -74,6 +78,7 @@ def model_card(extra: dict) -> str:
         template=config.get("template", ""),
         template_share=config.get("template_share", 0.0),
         generic_share=config.get("generic_share", 0.0),
+        labels=extra.get("labels_digest", "none"),
         batch=config["batch"],
         lr=config["lr"],
         warmup=config["warmup"],

@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
             "heldout_london_ids": arrays["heldout"].tolist(),
             "photos": int((arrays["datasets"] != GREY).sum()),
             "grey_copies": int((arrays["datasets"] == GREY).sum()),
+            "labels_digest": json.loads(str(arrays["config"])).get("labels", "none"),
             "photos_without_face": arrays["skipped"].tolist(),
             "latent_shift": trainer.shift,
             "latent_scale": trainer.scale,

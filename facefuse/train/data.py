@@ -263,7 +263,6 @@ def caption(
     parts = [] if kind == "portrait" else [str(rng.choice(CAPTIONS[kind]))]
     if expression and kind not in ("smiling", "neutral") and rng.random() < part_p:
         parts.append(str(rng.choice(CAPTIONS[expression])))
-    person = ""
     if gender:
         person = f"{age} {gender}" if age and rng.random() < part_p else gender
         if rng.random() < part_p or not parts:

@@ -193,6 +193,8 @@ class Trainer:
         self.latents = torch.from_numpy(arrays["latents"].astype(np.float32))
         self.kinds = arrays["kinds"]
         self.labels = arrays["labels"] if "labels" in arrays else np.full(len(self.kinds), "||")
+        # the caption labels' digest (labels/*.csv): a checkpoint resumes only under the same
+        self.labels_digest = json.loads(str(arrays.get("config", "{}"))).get("labels", "")
         weights = np.array([data.SAMPLING_WEIGHT[d] for d in arrays["datasets"]], np.float64)
         for dataset in set(arrays["datasets"].tolist()):
             members = arrays["datasets"] == dataset
@@ -210,6 +212,7 @@ class Trainer:
         torch.save(
             {
                 "config": self.config.as_dict(),
+                "labels_digest": self.labels_digest,
                 "state": asdict(self.state),
                 "unet": self.unet.state_dict(),
                 "text_encoder": self.text_encoder.state_dict(),
@@ -231,6 +234,12 @@ class Trainer:
             return False
         saved = torch.load(path, map_location="cpu", weights_only=True)
         check_checkpoint_config(path, saved.get("config", {}), self.config.as_dict())
+        if saved.get("labels_digest", self.labels_digest) != self.labels_digest:
+            raise ModelLoadError(
+                f"{path}: checkpoint trained under other caption labels (digest "
+                f"{saved['labels_digest']} vs {self.labels_digest} of {data.LABELS}/*.csv); "
+                "use another --run folder or the labels it was trained with"
+            )
         self.unet.load_state_dict(saved["unet"])
         self.text_encoder.load_state_dict(saved["text_encoder"])
         self.ema_unet.load_state_dict(saved["ema_unet"])

@@ -107,6 +107,14 @@ def test_two_step_smoke_run_writes_a_model_that_loads_and_resumes(tmp_path, caps
     # another configuration is refused, naming the field
     assert main([*args, *SMOKE, "--lr", "0.001"]) == 2
     assert "lr: 0.0003 vs 0.001" in capsys.readouterr().err
+    # so is a checkpoint trained under other caption labels (labels/*.csv edited since)
+    import torch
+
+    saved = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert saved["labels_digest"]
+    torch.save({**saved, "labels_digest": "0123456789abcdef"}, run / "checkpoint.pt")
+    assert main([*args, *SMOKE]) == 2
+    assert "other caption labels (digest 0123456789abcdef" in capsys.readouterr().err
 
 
 def test_interrupted_model_write_leaves_no_folder_that_loads(tmp_path, monkeypatch):
