@@ -87,7 +87,7 @@ class Photo:
     dataset: str
     person: str
     kind: str
-    expression: str = ""  # "smiling" / "neutral" where known beyond ``kind``, else ""
+    expression: str = ""  # "smiling" / "neutral" where known (a London photo: its folder)
     gender: str = ""
     age: str = ""
 
@@ -159,7 +159,7 @@ def collect_photos(
         who = labels.get((LONDON, person), {})
         for kind in ("neutral", "smiling"):
             path = root / LONDON / kind / f"{person}.jpg"
-            photos += [Photo(path, LONDON, person, kind, "", who.get("gender", ""),
+            photos += [Photo(path, LONDON, person, kind, kind, who.get("gender", ""),
                              who.get("age", ""))]  # fmt: skip
     for dataset, kind in ((CONGRESS, "bw"), (PORTRAITS, "portrait")):
         for path in image_files(root / dataset) if (root / dataset).is_dir() else []:

@@ -23,10 +23,9 @@ from pathlib import Path
 
 from facefuse.face import facemesh as fm
 from facefuse.face.detect import find_face
-from facefuse.face.evaluate import image_files
 from facefuse.face.expression import default_model
 from facefuse.face.imageio import decode_image
-from facefuse.train.data import CONGRESS, LONDON, PORTRAITS, london_people
+from facefuse.train.data import LONDON, collect_photos
 
 SMILING_FROM = 0.7
 NEUTRAL_UP_TO = 0.1
@@ -52,19 +51,14 @@ def smile_of(path: Path) -> float | None:
 
 
 def rows(root: Path) -> list[dict]:
-    """One row per photo: the London set as ``faces-london/neutral`` / ``.../smiling``."""
+    """One row per photo :func:`~facefuse.train.data.collect_photos` finds, held-out London
+    people included; the London set as ``faces-london/neutral`` / ``.../smiling``."""
     out = []
-    for person in london_people(root):
-        for kind in ("neutral", "smiling"):
-            path = root / LONDON / kind / f"{person}.jpg"
-            out.append({"dataset": f"{LONDON}/{kind}", "id": person, "path": path})
-    for dataset in (CONGRESS, PORTRAITS):
-        for path in image_files(root / dataset) if (root / dataset).is_dir() else []:
-            out.append({"dataset": dataset, "id": path.stem, "path": path})
-    for row in out:
-        smile = smile_of(row.pop("path"))
-        row["smile"] = "" if smile is None else f"{smile:.3f}"
-        row["label"] = label(smile)
+    for photo in collect_photos(root, heldout=(), labels={}):
+        dataset = f"{LONDON}/{photo.kind}" if photo.dataset == LONDON else photo.dataset
+        smile = smile_of(photo.path)
+        shown = "" if smile is None else f"{smile:.3f}"
+        out.append({"dataset": dataset, "id": photo.person, "smile": shown, "label": label(smile)})
     return out
 
 

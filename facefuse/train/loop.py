@@ -113,14 +113,8 @@ def prepare_latents(config: TrainConfig, data_root: Path, taef2_dir: Path, run: 
         crops += [data.crop(item, config.size, rng) for _ in range(config.augmentations)]
         add(crops, photo.kind, photo.dataset, photo.labels)
         if config.grey_share > 0 and photo.kind != "bw":
-            # a grey copy keeps what is known of the photo; a London photo's expression is
-            # its folder (kind), said again as a label since the copy's kind is "bw"
-            known = (
-                photo.labels
-                if photo.dataset != data.LONDON
-                else f"{photo.kind}|" + (photo.labels.split("|", 1)[1])
-            )
-            add([data.grey(c) for c in crops], "bw", data.GREY, known)
+            # a grey copy keeps what is known of the photo (its expression, the person)
+            add([data.grey(c) for c in crops], "bw", data.GREY, photo.labels)
         if index % 50 == 0:
             log(f"encoded {index + 1}/{len(photos)} photos ({time.perf_counter() - started:.0f} s)")
     if not latents:
