@@ -82,7 +82,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heldout-from", type=Path, required=True, help="a model's training.json")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    heldout = set(json.loads(args.heldout_from.read_text())["heldout_london_ids"])
+    try:
+        heldout = set(json.loads(args.heldout_from.read_text())["heldout_london_ids"])
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"--heldout-from {args.heldout_from}: expected a model's training.json "
+                     f"with heldout_london_ids ({exc!r})")  # fmt: skip
+    if not args.data.is_dir():
+        parser.error(f"--data {args.data}: not a directory")
     table = rows(args.data)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     partial = args.out.with_suffix(".csv.partial")

@@ -303,3 +303,19 @@ def test_until_trains_a_part_of_the_run_and_writes_its_folder(tmp_path, capsys):
     assert main([*args, *steps, "--out", str(out)]) == 0
     assert "resumed from" in capsys.readouterr().err
     assert json.loads((out / "training.json").read_text())["trained_steps"] == 3
+
+
+def test_expression_labels_refuses_bad_arguments_naming_them(tmp_path, capsys):
+    from facefuse.train import expression_labels
+
+    out = str(tmp_path / "e.csv")
+    with pytest.raises(SystemExit):
+        expression_labels.main(["--heldout-from", str(tmp_path / "none.json"), "--out", out])
+    assert "--heldout-from" in capsys.readouterr().err
+    (tmp_path / "t.json").write_text('{"heldout_london_ids": []}')
+    with pytest.raises(SystemExit):
+        expression_labels.main(["--heldout-from", str(tmp_path / "t.json"), "--out", out,
+                                "--data", str(tmp_path / "missing")])  # fmt: skip
+    assert "--data" in capsys.readouterr().err
+    assert expression_labels.label(None) == "" and expression_labels.label(0.05) == "neutral"
+    assert expression_labels.label(0.4) == "" and expression_labels.label(0.9) == "smiling"
