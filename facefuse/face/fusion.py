@@ -27,9 +27,9 @@ from facefuse.face.detect import Face, detect_face, find_faces
 from facefuse.face.expression import default_model as expression_model
 from facefuse.face.expression import lip_gap
 from facefuse.face.expression_edit import ExpressionEdit
-from facefuse.face.facemesh import LIPS_INNER, face_mesh
+from facefuse.face.facemesh import FACE_OVAL, LIPS_INNER, face_mesh
 from facefuse.face.imageio import PixelError
-from facefuse.face.mask import FEATHER, feathered_ellipse, forehead_occlusion
+from facefuse.face.mask import FEATHER, feathered_ellipse, forehead_occlusion, paste_mask
 from facefuse.face.warp import backward_map
 
 SOURCE_FIELD, TARGET_FIELD = SOURCE_IMAGE.name, TARGET_IMAGE.name
@@ -200,8 +200,9 @@ def prepare_fusion(
     source_to_target = geometry.similarity_transform(source_points[:count], target_points[:count])
     source_to_crop = geometry.compose(image_to_crop, source_to_target)
 
+    outline = None
     if expression is not None:
-        warped, coverage, info["expression"], mouth = _expression_warp(
+        warped, coverage, info["expression"], mouth, outline = _expression_warp(
             source_rgb,
             target_rgb,
             source_face,
@@ -230,8 +231,9 @@ def prepare_fusion(
         )
     target_crop = _crop(target_rgb, box, size)
     mask = feathered_ellipse(crop_ellipse, (size, size), feather)
-
-    face_region = mask > 0.5
+    face_region = mask > 0.5  # colour statistics and A's skin colour: the ellipse's inside
+    if outline is not None:  # A's cheeks and jaw too, up to A's own outline
+        mask = paste_mask(crop_ellipse, outline, (size, size), feather)
     matched = match_color(warped, target_crop, face_region & (coverage > 0.99), face_region)
     if expression is not None:
         matched, info["expression"]["mouth_interior"] = fill_mouth(matched, target_crop, *mouth)
@@ -267,9 +269,10 @@ def _expression_warp(
     image_to_crop: np.ndarray,
     size: int,
     edit: ExpressionEdit,
-) -> tuple[np.ndarray, np.ndarray, dict, tuple]:
+) -> tuple[np.ndarray, np.ndarray, dict, tuple, np.ndarray]:
     """(A warped into the crop with the wanted expression, its coverage, info, the mouth:
-    (A's moved inner lips, B's inner lips, both in crop pixels, B's lip parting))."""
+    (A's moved inner lips, B's inner lips, both in crop pixels, B's lip parting), A's moved
+    face oval in crop pixels)."""
     model = expression_model()
     source_job = _DETECT_POOL.submit(face_mesh, source_rgb, source_face)
     target_mesh = face_mesh(target_rgb, target_face)
@@ -319,7 +322,7 @@ def _expression_warp(
         applied["expression"]["applied"]["mouth_open"] > 0.5,
         geometry.apply(source_to_crop, source_mesh.points[inner]),
     )
-    return warped, coverage, info, mouth
+    return warped, coverage, info, mouth, geometry.apply(source_to_crop, moved[list(FACE_OVAL)])
 
 
 # lips parted by more than this (outer-eye spans) get a mouth interior: B's own, warped into

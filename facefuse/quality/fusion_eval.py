@@ -16,9 +16,10 @@ commercial use; it must never enter the serving path, which uses HOG/MMOD and 5 
   output->B, taken on the found face, else on B's original face box;
 * the 68-point shape predictor: mouth width / outer-eye span (points 48-54 over 36-45), the
   *expression ratio*, which grows when a face smiles;
-* PSNR of B outside the face: over the pixels where the pipeline's feathered face mask,
-  resized to B as paste_back does, is < 0.5 (the outer feather ramp included, so the figure
-  is finite even for a perfect pipeline).
+* PSNR of B outside the face: over the pixels where the served paste's feathered mask (with
+  the expression stage: A's face to its own outline), resized to B as paste_back does, is
+  < 0.5 (the outer feather ramp included, so the figure is finite even for a perfect
+  pipeline).
 
 The measurement functions (:func:`box_iou`, :func:`expression_ratio`, :func:`outside_face`,
 :func:`masked_psnr`, :func:`summarize`, :func:`contact_sheet`, ...) are pure; :func:`evaluate`
@@ -491,6 +492,7 @@ def evaluate(
 
     ``fuse(source_bytes, target_bytes, instruction) -> PNG bytes`` is the served model;
     ``prepared`` is :func:`prepare`'s result when the caller checked the inputs first."""
+    from facefuse.face.expression_edit import ExpressionEdit
     from facefuse.face.fusion import paste_back, prepare_fusion
     from facefuse.face.imageio import decode_image
 
@@ -526,7 +528,8 @@ def evaluate(
             record["skipped"] = "no face"
             record["detail"] = f"pipeline: {exc}"
             continue
-        outside = outside_face(b.rgb.shape, plan.mask, plan.crop_box)
+        served = prepare_fusion(a.rgb, b.rgb, config.size, expression=ExpressionEdit())
+        outside = outside_face(b.rgb.shape, served.mask, served.crop_box)
         images = {"paste_only": paste_back(b.rgb, plan.composite, plan)}
         try:
             for variant, instruction in (
@@ -735,6 +738,7 @@ def evaluate_expression(
     smiling photo), its descriptor distance to A's photo of the same expression and to B,
     whether it is nearer A, whether its face is found, B's PSNR outside the face and the
     latency. ``fuse(source, target, instruction) -> (PNG, INFO)``. Returns (report, sheet)."""
+    from facefuse.face.expression_edit import ExpressionEdit
     from facefuse.face.fusion import prepare_fusion
     from facefuse.face.imageio import decode_image
 
@@ -768,7 +772,7 @@ def evaluate_expression(
             latencies[case].append(1000.0 * (time.perf_counter() - started))
             image = decode_image(png, "IMAGE")
             images[case] = image
-            plan = prepare_fusion(a.rgb, b.rgb, size)
+            plan = prepare_fusion(a.rgb, b.rgb, size, expression=ExpressionEdit())
             outside = outside_face(b.rgb.shape, plan.mask, plan.crop_box)
             figures = measure_result(meter, image, b.rgb, a.face, b.face, outside)
             boxes = meter.detect(image)

@@ -248,3 +248,46 @@ def test_feather_widens_the_ramp_and_out_of_range_is_refused():
     assert ramp(wide) > ramp(narrow) and (wide == 1).sum() < (narrow == 1).sum()
     with pytest.raises(ValueError, match="feather"):
         feathered_ellipse(ellipse, (128, 128), 1.5)
+
+
+def test_paste_mask_grows_the_ellipse_and_stops_at_the_outline():
+    from facefuse.face.mask import paste_mask
+
+    ellipse = geometry.Ellipse((64.0, 56.0), (24.0, 32.0), 0.0)
+    everywhere = np.array([[0, 0], [127, 0], [127, 127], [0, 127]], np.float64)
+    np.testing.assert_array_equal(
+        paste_mask(ellipse, everywhere, (128, 128), growth=1.0),
+        feathered_ellipse(ellipse, (128, 128)),
+    )
+    grown = paste_mask(ellipse, everywhere, (128, 128), growth=1.3)
+    plain = feathered_ellipse(ellipse, (128, 128))
+    assert (grown >= plain).all() and (grown == 1).sum() > (plain == 1).sum()
+    top = int(np.argmax(plain[:, 64] > 0))  # the top stays where it was; it grows downwards
+    assert abs(int(np.argmax(grown[:, 64] > 0)) - top) <= 1
+    assert (grown[:, 64] > 0).sum() > (plain[:, 64] > 0).sum() + 10
+    left_half = np.array([[0, 0], [64, 0], [64, 127], [0, 127]], np.float64)
+    cut = paste_mask(ellipse, left_half, (128, 128), growth=1.3)
+    # 0 past the outline's blur (the feather width), untouched well inside it
+    assert (cut[:, 64 + 6 :] == 0).all() and (cut[:, :40] == grown[:, :40]).all()
+    assert 0.3 < cut[56, 64] < 0.7
+    with pytest.raises(ValueError, match="growth"):
+        paste_mask(ellipse, everywhere, (128, 128), growth=0.9)
+    with pytest.raises(ValueError, match="outline"):
+        paste_mask(ellipse, everywhere[:2], (128, 128))
+
+
+def test_expression_paste_reaches_past_the_face_ellipse(grace, astronaut):
+    """With the expression stage A's face is pasted past the face ellipse (cheeks, jaw); where
+    it stops (A's outline) is paste_mask's test."""
+    from facefuse.face.expression_edit import ExpressionEdit
+    from facefuse.face.mask import PASTE_GROWTH
+
+    plan = prepare_fusion(grace, astronaut, SIZE, expression=ExpressionEdit())
+    target = plan.target_face
+    ellipse = geometry.face_ellipse(target.left_eye, target.right_eye)
+    ellipse = ellipse.mapped(geometry.box_to_square(plan.crop_box, SIZE))
+    plain = feathered_ellipse(ellipse, (SIZE, SIZE))
+    assert PASTE_GROWTH > 1.0
+    assert (plan.mask > 0.5).sum() > 1.05 * (plain > 0.5).sum()
+    assert (plan.mask[plain < 0.5] > 0.5).sum() > 100  # cheeks or jaw beyond the old ellipse
+    assert plan.mask[0, 0] == 0 and plan.mask[-1, -1] == 0
