@@ -524,11 +524,11 @@ def evaluate(
             continue
         try:
             plan = prepare_fusion(a.rgb, b.rgb, config.size)
+            served = prepare_fusion(a.rgb, b.rgb, config.size, expression=ExpressionEdit())
         except InvalidInput as exc:  # the serving cascade missed a face the HOG found
             record["skipped"] = "no face"
             record["detail"] = f"pipeline: {exc}"
             continue
-        served = prepare_fusion(a.rgb, b.rgb, config.size, expression=ExpressionEdit())
         outside = outside_face(b.rgb.shape, served.mask, served.crop_box)
         images = {"paste_only": paste_back(b.rgb, plan.composite, plan)}
         try:
