@@ -40,9 +40,13 @@ def feathered_ellipse(
         (max(0.0, ellipse.axes[0] - feather), max(0.0, ellipse.axes[1] - feather)),
         ellipse.angle,
     )
-    hard = filled_ellipse(inner, shape)
-    radius = max(1, round(feather))
-    soft = cv2.GaussianBlur(hard, (2 * radius + 1, 2 * radius + 1), radius / 2.0)
+    return _soften(filled_ellipse(inner, shape), feather)
+
+
+def _soften(hard: np.ndarray, width: float) -> np.ndarray:
+    """A hard 0/1 mask Gaussian-blurred over ``width`` pixels, float32 in [0, 1], snapped."""
+    radius = max(1, round(width))
+    soft = cv2.GaussianBlur(hard.astype(np.float32), (2 * radius + 1,) * 2, radius / 2.0)
     soft = np.clip(soft, 0.0, 1.0)
     soft[soft < _SNAP] = 0.0
     soft[soft > 1.0 - _SNAP] = 1.0
@@ -85,15 +89,9 @@ def paste_mask(
         feathered_ellipse(grown, shape, feather / growth),
         feathered_ellipse(ellipse, shape, feather),
     )
-    width = max(1.0, feather * min(ellipse.axes))
-    radius = max(1, round(width))
     hard = np.zeros(shape, np.uint8)
     cv2.fillPoly(hard, [np.round(outline).astype(np.int32)], 1)
-    cut = cv2.GaussianBlur(hard.astype(np.float32), (2 * radius + 1,) * 2, radius / 2.0)
-    out = np.minimum(soft, cut)
-    out[out < _SNAP] = 0.0
-    out[out > 1.0 - _SNAP] = 1.0
-    return out.astype(np.float32)
+    return np.minimum(soft, _soften(hard, max(1.0, feather * min(ellipse.axes))))
 
 
 def upper_face_weight(
