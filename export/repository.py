@@ -31,7 +31,7 @@ from facefuse.export.onnx_export import (
 
 from facefuse.diffusion.manifest import MANIFEST_NAME, PipelineManifest
 
-PIPELINE_MODELS = ("facefusion", "txt2img")
+PIPELINE_MODELS = ("facefusion", "facefusion_stream", "txt2img")
 ONNX_FILE = "model.onnx"
 # Raised whenever exported files change meaning, so that cached exports are redone
 # (2: the INT8 UNet has its attention fused).

@@ -17,10 +17,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from facefuse.core.limits import DEFAULT_LIMITS, check_instruction, check_params
+from facefuse.core.limits import (
+    DEFAULT_LIMITS,
+    check_fusion_instruction,
+    check_instruction,
+    check_params,
+)
 
 NUMPY_DTYPES = {
     "BYTES": np.object_,
+    "UINT8": np.uint8,
+    "BOOL": np.bool_,
+    "FP64": np.float64,
     "INT32": np.int32,
     "INT64": np.int64,
     "FP32": np.float32,
@@ -32,7 +40,7 @@ class Tensor:
     """One named tensor of a model's signature."""
 
     name: str
-    dtype: str  # Triton dtype as clients spell it: BYTES, INT32, INT64, FP32
+    dtype: str  # Triton dtype as clients spell it: BYTES, INT32, INT64, FP32, UINT8, ...
     dims: tuple[int, ...]  # -1: variable; no batch dimension
     optional: bool = False
     default: int | float | None = None
@@ -90,7 +98,9 @@ _L = DEFAULT_LIMITS
 # --- request fields of the pipelines ----------------------------------------------------------
 SOURCE_IMAGE = Tensor("SOURCE_IMAGE", "BYTES", (1,), doc="face A: PNG, JPEG or WebP bytes")
 TARGET_IMAGE = Tensor("TARGET_IMAGE", "BYTES", (1,), doc="image B: PNG, JPEG or WebP bytes")
-INSTRUCTION = Tensor("INSTRUCTION", "BYTES", (1,), doc="what to do, UTF-8")
+INSTRUCTION = Tensor(
+    "INSTRUCTION", "BYTES", (1,), doc="what to do, UTF-8; empty: a plain swap (prompt.plain)"
+)
 PROMPT = Tensor("PROMPT", "BYTES", (1,), doc="txt2img prompt, UTF-8")
 STEPS = Tensor("STEPS", "INT32", (1,), True, 20, (_L.min_steps, _L.max_steps))
 STRENGTH = Tensor("STRENGTH", "FP32", (1,), True, 0.5, (_L.min_strength, _L.max_strength))
@@ -164,6 +174,29 @@ FACEFUSION = Model(
     ),
     (IMAGE, INFO),
 )  # fmt: skip
+# facefusion_stream: one video or camera stream per correlation id (sequence_id with
+# sequence_start / sequence_end); the START request carries A and the options, every request
+# may carry one frame, raw (FRAME) or JPEG (FRAME_JPEG), answered in the same form
+STREAM_SOURCE_IMAGE = Tensor(
+    "SOURCE_IMAGE", "BYTES", (1,), optional=True, doc="A's photo, at the stream's START"
+)
+STREAM_INSTRUCTION = Tensor(
+    "INSTRUCTION", "BYTES", (1,), optional=True, doc="at START; empty or absent: a plain swap"
+)
+FRAME = Tensor("FRAME", "UINT8", (-1, -1, 3), optional=True, doc="one RGB frame, raw")
+FRAME_JPEG = Tensor("FRAME_JPEG", "BYTES", (1,), optional=True, doc="one frame as JPEG")
+FRAME_TIME = Tensor("FRAME_TIME", "FP64", (1,), optional=True, doc="the frame's time, seconds")
+LIVE = Tensor("LIVE", "BOOL", (1,), optional=True, doc="at START: the newest frame wins")
+FRAME_OUT = Tensor("FRAME", "UINT8", (-1, -1, 3), doc="the fused frame, raw")
+FRAME_JPEG_OUT = Tensor("FRAME_JPEG", "BYTES", (1,), doc="the fused frame as JPEG")
+FACEFUSION_STREAM = Model(
+    "facefusion_stream",
+    (
+        STREAM_SOURCE_IMAGE, STREAM_INSTRUCTION, STEPS, STRENGTH, GUIDANCE, EXPRESSION_SOURCE,
+        EXPRESSION_SMILE, EXPRESSION_MOUTH_OPEN, FACE_SELECT, LIVE, FRAME, FRAME_JPEG, FRAME_TIME,
+    ),
+    (FRAME_OUT, FRAME_JPEG_OUT, INFO),
+)  # fmt: skip
 TXT2IMG = Model("txt2img", (PROMPT, STEPS, GUIDANCE, SEED), (IMAGE, INFO))
 PROMPT_OPTIMIZER = Model(
     "prompt_optimizer",
@@ -195,6 +228,7 @@ MODELS = {
     m.name: m
     for m in (
         FACEFUSION,
+        FACEFUSION_STREAM,
         TXT2IMG,
         PROMPT_OPTIMIZER,
         TEXT_ENCODER,
@@ -281,7 +315,9 @@ def facefusion_request(
     tensors = {
         SOURCE_IMAGE.name: SOURCE_IMAGE.scalar(source),
         TARGET_IMAGE.name: TARGET_IMAGE.scalar(target),
-        INSTRUCTION.name: INSTRUCTION.scalar(check_instruction(instruction, INSTRUCTION.name)),
+        INSTRUCTION.name: INSTRUCTION.scalar(
+            check_fusion_instruction(instruction, INSTRUCTION.name)
+        ),
     }
     tensors.update(
         _params(FACEFUSION, steps=steps, strength=strength, guidance=guidance, seed=seed)

@@ -28,6 +28,14 @@ class NoFaceFound(InvalidInput):
         super().__init__(field, "no face found in the image; send a photo with one visible face")
 
 
+class Busy(FacefuseError):
+    """A bounded resource is full (streams, frames in flight): the same request may succeed
+    later. Served as UNAVAILABLE (HTTP 503 / gRPC UNAVAILABLE), which clients retry."""
+
+    def __init__(self, what: str):
+        super().__init__(f"busy, retry: {what}")
+
+
 class ModelLoadError(FacefuseError, RuntimeError):
     """An artefact (ONNX file, engine, config) is missing or unusable at load time."""
 

@@ -103,6 +103,16 @@ def check_instruction(
     return stripped
 
 
+def check_fusion_instruction(
+    text: str | None, field: str = "INSTRUCTION", limits: Limits = DEFAULT_LIMITS
+) -> str:
+    """A fusion's instruction: like :func:`check_instruction`, but empty (or None) is allowed
+    and returned as "": it asks for a plain swap (``facefuse.prompt.plain``)."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return ""
+    return check_instruction(text, field=field, limits=limits)
+
+
 def check_optional_text(
     text: str | None, field: str, limits: Limits = DEFAULT_LIMITS
 ) -> str | None:

@@ -28,6 +28,11 @@ ONNX_REQUESTS = "facefuse_onnx_requests_total"  # counter: Triton requests serve
 PIPELINE_REQUESTS = "facefuse_pipeline_requests_total"  # counter, labels: model, variant, outcome
 PIPELINE_FALLBACKS = "facefuse_precision_fallbacks_total"  # counter: switches to FP32
 
+# facefusion_stream (video and live fusion)
+STREAMS_OPEN = "facefuse_streams_open"  # gauge, label: model (the autoscaling signal)
+STREAM_FRAMES = "facefuse_stream_frames_total"  # counter, labels: model, outcome
+STREAMS_CLOSED = "facefuse_streams_closed_total"  # counter, labels: model, reason
+
 CUSTOM_METRICS = (
     PREFIX_CACHE_REQUESTS,
     PREFIX_CACHE_HITS,
@@ -44,6 +49,9 @@ CUSTOM_METRICS = (
     ONNX_REQUESTS,
     PIPELINE_REQUESTS,
     PIPELINE_FALLBACKS,
+    STREAMS_OPEN,
+    STREAM_FRAMES,
+    STREAMS_CLOSED,
 )
 
 # the supervisor (facefuse.serving.supervisor), on its own port (8003) beside Triton's: the

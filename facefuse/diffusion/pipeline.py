@@ -278,10 +278,30 @@ class Pipeline:
         self.variant = variant  # reported in INFO (A/B routing, FP32 fallback)
         make_scheduler(scheduler, manifest.scheduler_config)  # fail at load on a bad name
 
-    def _encode_prompt(self, timer: Timer, instruction: str):
-        prompt_ids, negative_ids, prompt_info = timer.run(
-            "prompt", self.stages.optimize_prompt, instruction
-        )
+    def _encode_prompt(self, timer: Timer, instruction: str, plain_ok: bool = False):
+        """(cond, uncond, info); ``plain_ok`` (fusion): an instruction that asks for a plain
+        swap (:func:`~facefuse.prompt.plain.is_plain`), or one with nothing the optimiser can
+        describe, is served with the plain prompt and INFO says ``"asked": "nothing"``."""
+        from facefuse.core.errors import InvalidInput
+        from facefuse.prompt.plain import PLAIN_PROMPT, is_plain
+
+        plain, warning = plain_ok and is_plain(instruction), None
+        try:
+            prompt_ids, negative_ids, prompt_info = timer.run(
+                "prompt", self.stages.optimize_prompt, PLAIN_PROMPT if plain else instruction
+            )
+        except InvalidInput as exc:
+            if not plain_ok or "no describable content" not in str(exc):
+                raise
+            plain, warning = True, f"nothing to describe in {instruction!r}: a plain swap"
+            prompt_ids, negative_ids, prompt_info = timer.run(
+                "prompt", self.stages.optimize_prompt, PLAIN_PROMPT
+            )
+        if plain_ok:
+            prompt_info = {**prompt_info, "asked": "nothing" if plain else "edit"}
+            prompt_info["instruction"] = instruction
+            if warning:
+                prompt_info["warnings"] = [*prompt_info.get("warnings", []), warning]
         ids = np.concatenate([prompt_ids, negative_ids]).astype(np.int64)
         hidden, hit_tokens = timer.run("text_encoder", self.stages.encode_text, ids)
         n = len(prompt_ids)
@@ -349,7 +369,37 @@ class Pipeline:
 
             adaptive = timer.run("adaptive", measure, composite, mask)
             params = replace(params, steps=adaptive.steps)
-        cond, uncond, info = self._encode_prompt(timer, instruction)
+        cond, uncond, info = self._encode_prompt(timer, instruction, plain_ok=True)
+        fused, result = self.refine(timer, composite, mask, params, (cond, uncond), should_stop)
+        info.update(self._loop_info(params, result), stage_ms=timer.ms)
+        info.update(face_info)
+        info["steps_policy"] = "adaptive" if adaptive is not None else "fixed"
+        if adaptive is not None:
+            info["adaptive"] = adaptive.info()
+        return fused, mask, crop_box, info
+
+    def encode_prompt(self, instruction: str) -> tuple[tuple[np.ndarray, np.ndarray], dict]:
+        """((cond, uncond) contexts, prompt info) for an instruction: what a stream computes
+        once and hands to every frame's :meth:`refine`."""
+        timer = Timer()
+        cond, uncond, info = self._encode_prompt(timer, instruction, plain_ok=True)
+        info["stage_ms"] = timer.ms
+        return (cond, uncond), info
+
+    def refine(
+        self,
+        timer: Timer,
+        composite: np.ndarray,
+        mask: np.ndarray,
+        params: GenerationParams,
+        context: tuple[np.ndarray, np.ndarray],
+        should_stop: Callable[[], bool] | None = None,
+    ):
+        """Latent diffusion on a face stage's composite (HxWx3 in [0, 1]) within ``mask``:
+        encode, denoise (inverted or from ``params.seed``'s noise), decode, restore the held
+        pixels. Returns (fused crop HxWx3 in [0, 1], the loop's result). The still
+        :meth:`fuse` and every stream frame (``facefuse.diffusion.stream``) run this."""
+        cond, uncond = context
         init = timer.run("vae_encoder", self.stages.encode_image, to_nchw(composite))
         strength_map = weight = None
         if self.upper_face_strength < 1.0:
@@ -380,12 +430,7 @@ class Pipeline:
             fused = add_roundtrip_residual(composite, fused, from_nchw(roundtrip), mask)
         if weight is not None and self.upper_face_pixels == "source":
             fused = restore_held_pixels(composite, fused, mask, weight)
-        info.update(self._loop_info(params, result), stage_ms=timer.ms)
-        info.update(face_info)
-        info["steps_policy"] = "adaptive" if adaptive is not None else "fixed"
-        if adaptive is not None:
-            info["adaptive"] = adaptive.info()
-        return fused, mask, crop_box, info
+        return fused, result
 
     def fuse_png(
         self, source: bytes, target: bytes, instruction: str, params: GenerationParams, **kwargs

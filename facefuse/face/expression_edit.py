@@ -97,6 +97,16 @@ class ExpressionEdit:
     transfer_gain: float = TRANSFER_GAIN  # multiplies an increase carried over from B (or A)
     face_select: str = "largest"  # which faces of B: largest, all, reference (face.select)
     face_index: int = 0  # which of the chosen faces this call fuses
+    # B's mouth_open coefficient with the lips at rest (a stream's running minimum): when set,
+    # B's lip parting is read against it rather than against the neutral faces' band, so a
+    # talking B whose closed mouth reads below the band still opens A's (issue 40)
+    target_mouth_rest: float | None = None
+    # a stream's mouth and eyes follow B's frame by frame (facefuse.face.lips): A's lower lip
+    # is set to B's lip parting and A's eyelids to B's eye opening, in eye spans
+    follow_target: bool = False
+    # B's eye opening over its open eye (per eye, image left then right; a stream's ratio to
+    # its running maximum), applied to A's eyes when follow_target
+    target_eye_ratio: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         check_expression(self.source, self.smile, self.mouth_open)
@@ -122,6 +132,13 @@ class ExpressionEdit:
             gain_down=float(data.get("gain_down", 1.0)),
             face_select=str(data.get("face_select", "largest")),
             face_index=int(data.get("face_index", 0)),
+            follow_target=bool(data.get("follow_target", False)),
+            target_eye_ratio=None
+            if data.get("target_eye_ratio") is None
+            else tuple(float(v) for v in data["target_eye_ratio"]),
+            target_mouth_rest=None
+            if data.get("target_mouth_rest") is None
+            else float(data["target_mouth_rest"]),
         )
 
     def wanted(
@@ -134,7 +151,11 @@ class ExpressionEdit:
         own = np.asarray(source, np.float64)
         band = np.zeros_like(own) if band is None else np.asarray(band, np.float64)
         own_part = expression_part(own, band)
-        chosen = own_part if self.source == "source" else expression_part(target, band)
+        theirs = expression_part(target, band)
+        if self.target_mouth_rest is not None:
+            rest = float(self.target_mouth_rest)
+            theirs[MOUTH_OPEN] = max(float(target[MOUTH_OPEN]) - rest, 0.0)
+        chosen = own_part if self.source == "source" else theirs
         part = chosen.copy()
         words = self.words
         if words.get("reset"):
@@ -166,7 +187,7 @@ class ExpressionEdit:
             },
             "expression": {
                 "source": _named(own_part),
-                "target": _named(expression_part(target, band)),
+                "target": _named(theirs),
                 "applied": _named(part),
             },
         }

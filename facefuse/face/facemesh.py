@@ -143,6 +143,16 @@ def _tracking_roi(points: np.ndarray) -> np.ndarray:
     return _roi_matrix(centre, side, angle)
 
 
+def track_mesh(rgb: np.ndarray, previous: np.ndarray) -> Mesh:
+    """The mesh of the face whose points in the previous frame were ``previous`` (468, 2):
+    one pass on their tracking ROI, as MediaPipe tracks a face across video frames. A low
+    ``presence`` says the face is no longer there."""
+    matrix = _tracking_roi(np.asarray(previous, np.float64))
+    crop_points, logit = _run(np.ascontiguousarray(rgb), matrix)
+    points, depth = _to_image(matrix, crop_points)
+    return Mesh(points, depth, 1.0 / (1.0 + math.exp(-min(max(logit, -60.0), 60.0))))
+
+
 def face_mesh(rgb: np.ndarray, face, refine: bool = True) -> Mesh:
     """The mesh of a detected :class:`~facefuse.face.detect.Face` (its eye centres)."""
     return mesh_from_eyes(rgb, face.left_eye, face.right_eye, refine)

@@ -11,8 +11,9 @@ box or where the (resized) mask is 0 are bit-identical to B's.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
@@ -22,12 +23,12 @@ import numpy as np
 from facefuse.core.contract import SOURCE_IMAGE, TARGET_IMAGE
 from facefuse.core.errors import NoFaceFound
 from facefuse.face import detect, geometry
-from facefuse.face.color import match_color
+from facefuse.face.color import match_color, region_stats
 from facefuse.face.detect import Face, detect_face, find_faces
 from facefuse.face.expression import default_model as expression_model
 from facefuse.face.expression import lip_gap
 from facefuse.face.expression_edit import ExpressionEdit
-from facefuse.face.facemesh import FACE_OVAL, LIPS_INNER, face_mesh
+from facefuse.face.facemesh import FACE_OVAL, LIPS_INNER, Mesh, face_mesh
 from facefuse.face.imageio import PixelError
 from facefuse.face.mask import FEATHER, feathered_ellipse, forehead_occlusion, paste_mask
 from facefuse.face.warp import backward_map
@@ -181,15 +182,65 @@ def prepare_fusion(
     """
     if int(size) < 8:
         raise ValueError(f"prepare_fusion: size must be at least 8, got {size}")
-    size = int(size)
     info: dict = {}
     if expression is None:
         source_face, target_face = _detect_both(source_rgb, target_rgb, stages)
+        source, target_mesh = SourceAnalysis(source_rgb, source_face), None
     else:
         source_face, target_face, info["faces"] = _detect_chosen(
             source_rgb, target_rgb, stages, expression, reference_rgb
         )
+        source_job = _DETECT_POOL.submit(face_mesh, source_rgb, source_face)
+        target_mesh = face_mesh(target_rgb, target_face)
+        source = SourceAnalysis(source_rgb, source_face, source_job.result())
+    return compose(
+        source, target_rgb, target_face, int(size), feather, expression, target_mesh, info
+    )
 
+
+@dataclass(frozen=True)
+class SourceAnalysis:
+    """What fusion needs of A, computed once per A (a stream keeps it for every frame; the
+    still API keeps the last few by A's digest): the photo, its main face and, for the
+    expression warp, its FaceMesh points and expression coefficients."""
+
+    rgb: np.ndarray
+    face: Face
+    mesh: Mesh | None = None
+
+    @functools.cached_property
+    def coefficients(self) -> np.ndarray:
+        if self.mesh is None:
+            raise ValueError("SourceAnalysis: no mesh, so no expression coefficients")
+        return expression_model().coefficients(self.mesh.points)
+
+
+def analyze_source(
+    rgb: np.ndarray, stages: Sequence[str] | None = None, with_mesh: bool = True
+) -> SourceAnalysis:
+    """A's face (the detector cascade; NoFaceFound(SOURCE_IMAGE) when none) and its mesh."""
+    face = detect_face(rgb, SOURCE_FIELD, stages)
+    return SourceAnalysis(rgb, face, face_mesh(rgb, face) if with_mesh else None)
+
+
+def compose(
+    source: SourceAnalysis,
+    target_rgb: np.ndarray,
+    target_face: Face,
+    size: int,
+    feather: float = FEATHER,
+    expression: ExpressionEdit | None = None,
+    target_mesh: Mesh | None = None,
+    info: dict | None = None,
+    colour: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> FusionPlan:
+    """The plan for A (analysed) onto one face of B (found, and with ``expression`` meshed):
+    align, warp to the wanted expression, colour-match, mask, composite. The still API
+    (:func:`prepare_fusion`) and the stream (``facefuse.diffusion.stream``) both come here.
+    ``colour``: maps B's L*a*b* statistics of the face ((2, 3): mean, std) to those A is
+    matched to (a stream smooths them over time); None uses this frame's own."""
+    info = {} if info is None else info
+    source_rgb, source_face = source.rgb, source.face
     ellipse = geometry.face_ellipse(target_face.left_eye, target_face.right_eye)
     box = geometry.crop_box(ellipse, target_rgb.shape)
     image_to_crop = geometry.box_to_square(box, size)
@@ -202,11 +253,11 @@ def prepare_fusion(
 
     outline = None
     if expression is not None:
+        if source.mesh is None or target_mesh is None:
+            raise ValueError("compose: the expression warp needs both faces' meshes")
         warped, coverage, info["expression"], mouth, outline = _expression_warp(
-            source_rgb,
-            target_rgb,
-            source_face,
-            target_face,
+            source,
+            target_mesh,
             source_to_crop,
             image_to_crop,
             size,
@@ -234,9 +285,16 @@ def prepare_fusion(
     face_region = mask > 0.5  # colour statistics and A's skin colour: the ellipse's inside
     if outline is not None:  # A's cheeks and jaw too, up to A's own outline
         mask = paste_mask(crop_ellipse, outline, (size, size), feather)
-    matched = match_color(warped, target_crop, face_region & (coverage > 0.99), face_region)
+    stats = None
+    if colour is not None:
+        stats = colour(region_stats(target_crop, face_region))
+    matched = match_color(
+        warped, target_crop, face_region & (coverage > 0.99), face_region, target_stats=stats
+    )
     if expression is not None:
-        matched, info["expression"]["mouth_interior"] = fill_mouth(matched, target_crop, *mouth)
+        matched, info["expression"]["mouth_interior"] = fill_mouth(
+            matched, target_crop, *mouth, face_region=face_region
+        )
     alpha = mask * np.clip(coverage, 0.0, 1.0)
     if expression is not None:  # A's hair over its forehead is not pasted onto B's
         eyes = geometry.apply(
@@ -261,10 +319,8 @@ def prepare_fusion(
 
 
 def _expression_warp(
-    source_rgb: np.ndarray,
-    target_rgb: np.ndarray,
-    source_face: Face,
-    target_face: Face,
+    source: SourceAnalysis,
+    target_mesh: Mesh,
     source_to_crop: np.ndarray,
     image_to_crop: np.ndarray,
     size: int,
@@ -274,12 +330,16 @@ def _expression_warp(
     (A's moved inner lips, B's inner lips, both in crop pixels, B's lip parting), A's moved
     face oval in crop pixels)."""
     model = expression_model()
-    source_job = _DETECT_POOL.submit(face_mesh, source_rgb, source_face)
-    target_mesh = face_mesh(target_rgb, target_face)
-    source_mesh = source_job.result()
-    own, theirs = model.coefficients(source_mesh.points), model.coefficients(target_mesh.points)
+    source_rgb, source_mesh = source.rgb, source.mesh
+    own, theirs = source.coefficients, model.coefficients(target_mesh.points)
     wanted, applied = edit.wanted(own, theirs, model.neutral_band)
     moved = model.retarget(source_mesh.points, own, wanted)
+    if edit.follow_target:  # a stream: B's lip parting and eye opening, frame by frame
+        from facefuse.face import lips
+
+        moved = lips.follow_lip_gap(moved, lips.lip_gap(target_mesh.points))
+        if edit.target_eye_ratio is not None:
+            moved = lips.follow_eye_opening(moved, np.asarray(edit.target_eye_ratio))
     map_x, map_y = backward_map(
         geometry.apply(source_to_crop, source_mesh.points),
         geometry.apply(source_to_crop, moved),
@@ -335,6 +395,7 @@ TEETH = np.array([0.8, 0.76, 0.7], np.float32)  # a smile's parted lips show tee
 def fill_mouth(
     crop: np.ndarray, target_crop: np.ndarray, lips: np.ndarray, target_lips: np.ndarray,
     target_gap: float, opened: bool = False, own_lips: np.ndarray | None = None,
+    face_region: np.ndarray | None = None,
 ) -> tuple[np.ndarray, str]:  # fmt: skip
     """``crop`` with the inside of ``lips`` (inner-lip contour, crop pixels) filled, and which
     fill: "none", "target" (B's interior warped from ``target_lips``), "dark" (an opened
@@ -362,8 +423,21 @@ def fill_mouth(
         depth = cv2.distanceTransform((inside > 127).astype(np.uint8), cv2.DIST_L2, 3)
         shade = np.clip(depth / max(float(depth.max()) * 0.8, 1e-6), 0.0, 1.0)[..., None]
         colour = DARK_MOUTH if opened else TEETH
-        interior = DARK_MOUTH + (colour - DARK_MOUTH) * shade
+        interior = (DARK_MOUTH + (colour - DARK_MOUTH) * shade) * _light(crop, face_region)
     return (crop * (1.0 - weight) + interior * weight).astype(np.float32), kind
+
+
+# a studio face's mean luma (Rec. 601) in [0, 1]; a face darker than this gets its shaded
+# mouth dimmed in proportion
+STUDIO_LUMA = 0.5
+
+
+def _light(crop: np.ndarray, face_region: np.ndarray | None) -> float:
+    """1 for a face at least as bright as :data:`STUDIO_LUMA`, its luma over that below."""
+    if face_region is None or not face_region.any():
+        return 1.0
+    luma = float((crop[face_region] @ np.array([0.299, 0.587, 0.114], np.float32)).mean())
+    return float(np.clip(luma / STUDIO_LUMA, 0.25, 1.0))
 
 
 def paste_back(target_rgb: np.ndarray, generated: np.ndarray, plan: FusionPlan) -> np.ndarray:

@@ -9,6 +9,8 @@ moved points sit inside the image leaves the border region bit-identical.
 
 from __future__ import annotations
 
+import functools
+
 import cv2
 import numpy as np
 from scipy.spatial import Delaunay
@@ -23,6 +25,13 @@ def _anchors(shape: tuple[int, int], count: int = 4) -> np.ndarray:
     left = np.stack([np.zeros_like(ys[1:-1]), ys[1:-1]], 1)
     right = np.stack([np.full_like(ys[1:-1], width - 1), ys[1:-1]], 1)
     return np.vstack([top, bottom, left, right])
+
+
+@functools.lru_cache(maxsize=8)
+def _grid(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float64)
+    ys.flags.writeable = xs.flags.writeable = False
+    return ys, xs
 
 
 def backward_map(
@@ -46,9 +55,10 @@ def backward_map(
     triangles, d, s = triangles[keep], d[keep], s[keep]
     affine = np.linalg.solve(d, s)  # (T, 3, 2): [x y 1] @ affine = source xy
     index = np.zeros((height, width), np.int32)
-    for t, corners in enumerate(dst[triangles]):
-        cv2.fillConvexPoly(index, np.round(corners * 16).astype(np.int32), t + 1, cv2.LINE_8, 4)
-    ys, xs = np.mgrid[0:height, 0:width].astype(np.float64)
+    corners = np.round(dst[triangles] * 16).astype(np.int32)  # (T, 3, 2), 4 fractional bits
+    for t in range(len(corners)):
+        cv2.fillConvexPoly(index, corners[t], t + 1, cv2.LINE_8, 4)
+    ys, xs = _grid(height, width)
     map_x, map_y = xs.copy(), ys.copy()
     inside = index > 0
     which = index[inside] - 1

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from facefuse.core.errors import InvalidInput, tag_invalid, untag_invalid
+from facefuse.core.errors import Busy, InvalidInput, tag_invalid, untag_invalid
 from facefuse.diffusion.loop import DenoiseCancelled
 
 log = logging.getLogger("facefuse.triton")
@@ -102,6 +102,10 @@ def error_response(exc: BaseException, model: str):
     if isinstance(exc, InvalidInput):
         return pb.InferenceResponse(
             error=pb.TritonError(tag_invalid(str(exc)), pb.TritonError.INVALID_ARG)
+        )
+    if isinstance(exc, Busy):  # a full bound: the client may retry
+        return pb.InferenceResponse(
+            error=pb.TritonError(f"{model}: {exc}", pb.TritonError.UNAVAILABLE)
         )
     if isinstance(exc, ModelUnavailable):  # transient: the client may retry
         log.warning("%s: %s", model, exc)

@@ -15,7 +15,7 @@ from facefuse.core.contract import (
     check_face_select,
 )
 from facefuse.core.errors import InvalidInput
-from facefuse.core.limits import check_instruction
+from facefuse.core.limits import check_fusion_instruction
 from facefuse.diffusion.pipeline import info_json
 from facefuse.serving.triton_io import (
     bytes_array,
@@ -56,7 +56,7 @@ class TritonPythonModel(PipelineTritonModel):
     def handle(self, request):
         pb = pb_utils()
         params = self.params(request)
-        instruction = check_instruction(get_text(request, INSTRUCTION.name))
+        instruction = check_fusion_instruction(get_text(request, INSTRUCTION.name))
         expression = expression_fields(request)
         reference = get_bytes(request, REFERENCE_FACE.name, required=False)
         select = get_text(request, FACE_SELECT.name, required=False)
