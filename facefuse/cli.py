@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "facefuse.quality.commands",  # quality
     "facefuse.bench.fusion_eval_commands",  # fusion-eval
     "facefuse.bench.txt2img_eval_commands",  # txt2img-eval
+    "facefuse.bench.video_eval_commands",  # video-eval
     "facefuse.face.commands",  # face-eval
     "facefuse.train.commands",  # train
 )

@@ -56,10 +56,16 @@ def follow_lip_gap(points: np.ndarray, gap: float) -> np.ndarray:
         return p
     left, right = p[fm.MOUTH_CORNERS[0]], p[fm.MOUTH_CORNERS[1]]
     centre, half = (left + right) / 2, max(float(np.linalg.norm(right - left)) / 2, 1e-6)
+
+    def profile(idx):
+        across = np.abs((p[idx] - centre) @ along) / half
+        return np.clip(1.0 - across**2, 0.0, 1.0)
+
+    # the lower lip's middle (point 14) moves by exactly ``shift``
+    shift /= max(float(profile([fm.LIP_INNER_MID[1]])[0]), 0.2)
     for indices, share in ((LOWER_LIP_INNER, 1.0), (LOWER_LIP_OUTER, 1.0), (CHIN, 0.6)):
         idx = list(indices)
-        across = np.abs((p[idx] - centre) @ along) / half
-        weight = np.clip(1.0 - across**2, 0.0, 1.0) if share == 1.0 else share
+        weight = profile(idx) if share == 1.0 else share
         p[idx] += (shift * np.asarray(weight))[..., None] * down
     return p
 

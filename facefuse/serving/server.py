@@ -246,6 +246,8 @@ class LocalTritonServer:
         raise ServerError(f"tritonserver not ready after {self.config.ready_timeout_s:.0f} s")
 
     def stop(self, grace_s: float = 30.0) -> None:
+        from facefuse.serving.supervisor import remove_orphaned_shm_regions
+
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
@@ -253,6 +255,8 @@ class LocalTritonServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        # what a killed server or stub left in /dev/shm (nothing maps it any more)
+        remove_orphaned_shm_regions(min_age_s=2.0)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

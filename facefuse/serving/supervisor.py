@@ -49,9 +49,10 @@ from typing import ClassVar
 
 STUB = "triton_python_backend_stub"
 ADMIN_HEADER = "facefuse-admin-key"  # = tritonserver_args.ADMIN_HEADER (kept import-free)
-# the pipelines clients call: a health call to them would be a failed request in the metrics
+# the pipelines clients call (the stream model answers streams only): a health call to them
+# would be a failed request in the metrics
 # that the error-ratio alert reads, so they are watched through their processes only
-ENTRY_MODELS = ("facefusion", "txt2img")
+ENTRY_MODELS = ("facefusion", "facefusion_stream", "txt2img")
 DEFAULT_HEALTH_PORT = 8003
 PREFIX = "facefuse-supervisor:"
 
@@ -73,6 +74,60 @@ GENERATION_PARAMETER = "facefuse_generation"
 # cores, so what was running on them has finished; a rare slower one fails with Triton's
 # retryable "not healthy"
 OLD_COPY_GRACE_S = 15.0
+
+
+# The Python backend's shared-memory regions: one per stub, created by tritonserver and mapped
+# by both. A server or stub killed with SIGKILL leaves its region behind in /dev/shm, mapped by
+# no process (about 30 after one `make test` before this was cleaned up).
+SHM_PREFIX = "triton_python_backend_shm_region_"
+
+
+def orphaned_shm_regions(
+    shm_dir: Path = Path("/dev/shm"),  # noqa: S108 - where POSIX shared memory lives
+    proc: Path = Path("/proc"),
+    min_age_s: float = 10.0,
+) -> list[Path]:
+    """The Python-backend regions in ``shm_dir`` that no process maps or holds open, older
+    than ``min_age_s`` (a region being created is never taken)."""
+    regions = {path.name: path for path in shm_dir.glob(SHM_PREFIX + "*")}
+    if not regions:
+        return []
+    used: set[str] = set()
+    for entry in proc.glob("[0-9]*"):
+        try:
+            maps = (entry / "maps").read_text()
+        except OSError:
+            continue
+        used.update(
+            line.rsplit("/", 1)[-1].split()[0] for line in maps.splitlines() if SHM_PREFIX in line
+        )
+        try:
+            links = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
+        except OSError:
+            links = []
+        used.update(link.rsplit("/", 1)[-1].split()[0] for link in links if SHM_PREFIX in link)
+    now = time.time()
+    orphans = []
+    for name, path in regions.items():
+        try:
+            old = now - path.stat().st_mtime >= min_age_s
+        except OSError:
+            continue
+        if name not in used and old:
+            orphans.append(path)
+    return sorted(orphans)
+
+
+def remove_orphaned_shm_regions(**kwargs) -> int:
+    """Unlink :func:`orphaned_shm_regions`; returns how many were removed."""
+    removed = 0
+    for path in orphaned_shm_regions(**kwargs):
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 class SettingError(ValueError):
@@ -825,6 +880,9 @@ class Supervisor:
                     watch.old_copy.pop(pid)
                     self.log(event_line("old_copy_ended", model=watch.name, pid=pid))
                     self._kill(listed[pid])
+                    removed = remove_orphaned_shm_regions()
+                    if removed:
+                        self.log(event_line("shm_removed", regions=removed))
 
     def _kill(self, stub: Stub) -> None:
         try:

@@ -75,6 +75,18 @@ def test_fuse_over_grpc_returns_png_of_target_size(server, sample_images):
     assert 0.001 < changed.mean() < 0.5  # the face region changed, most of B did not
 
 
+@pytest.mark.parametrize("instruction", ["", "keep the expression", "换脸", "保持表情"])
+def test_a_plain_swap_needs_no_instruction(server, sample_images, instruction):
+    source, target = sample_images
+    with Client(server.grpc_url, "grpc") as client:
+        result = client.fuse(source, target, instruction, **FAST)
+    assert result.info["asked"] == "nothing" and result.info["instruction"] == instruction
+    assert png_size(result.png) == Image.open(io.BytesIO(target)).size
+    with Client(server.grpc_url, "grpc") as client:
+        edited = client.fuse(source, target, "make her smile", **FAST)
+    assert edited.info["asked"] == "edit"
+
+
 def test_fuse_over_http_is_deterministic_and_matches_grpc(server, sample_images):
     source, target = sample_images
     with Client(server.http_url, "http") as client:
@@ -128,7 +140,7 @@ def _bad_requests():
         "steps out of range": (dict(STEPS=0), "STEPS"),
         "too many steps": (dict(STEPS=1000), "STEPS"),
         "strength out of range": (dict(STRENGTH=1.5), "STRENGTH"),
-        "empty instruction": (dict(instruction="   "), "INSTRUCTION"),
+        "control characters": (dict(instruction="smile\x01"), "INSTRUCTION"),
     }
 
 

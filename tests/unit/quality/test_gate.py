@@ -206,7 +206,11 @@ def test_gate_prices_the_vaes_on_openvino(int8_repository, capsys):
     report = json.loads(out.out)
     (case,) = report["cases"]
     assert case["max_abs_init_latents"] > 0.0 and case["max_abs_conditioning"] == 0.0
-    assert 32.0 <= case["psnr_db"] < PSNR_CAP_DB
+    assert 32.0 <= case["psnr_db"] <= PSNR_CAP_DB
+    from facefuse.runtime.openvino import native_bf16
+
+    if native_bf16():  # bf16 rounds the image; a CPU without BF16 runs f32 and may not
+        assert case["psnr_db"] < PSNR_CAP_DB
     assert "vae_encoder, vae_decoder on OpenVINO bf16" in out.err
     assert main([*argv, "--candidate-openvino", "vae"]) == 2
     assert "--candidate-openvino" in capsys.readouterr().err
