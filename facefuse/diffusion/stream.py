@@ -116,7 +116,6 @@ class _FaceState:
     """What a stream carries for one of B's tracked faces."""
 
     colour: _ColourFilter
-    mouth_rest: float | None = None
     eyes_open: np.ndarray | None = None  # B's widest eye opening so far (per eye)
     residual: Future | None = None  # the last key frame's residual (crop-sized float32)
     frames: int = 0
@@ -182,9 +181,8 @@ class StreamSession:
         """Track B's faces in this frame and compose each (in frame order, one thread)."""
         from dataclasses import replace
 
-        from facefuse.face.expression import default_model
         from facefuse.face.fusion import compose
-        from facefuse.face.lips import eye_opening
+        from facefuse.face.lips import eye_opening, lip_gap
 
         if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
             raise InvalidInput(FRAME_FIELD, f"must be uint8 [H, W, 3], got {rgb.dtype} {rgb.shape}")
@@ -194,16 +192,17 @@ class StreamSession:
         live = {id(track) for track in tracks}
         for key in [k for k in self._faces if k not in live]:
             del self._faces[key]  # a lost face's state goes with it
-        model = default_model()
         faces = []
         for track in tracks:
             state = self._state(track)
-            mouth = float(model.coefficients(track.mesh.points)[1])
-            state.mouth_rest = mouth if state.mouth_rest is None else min(state.mouth_rest, mouth)
-            eyes = eye_opening(track.mesh.points)
+            eyes = eye_opening(track.raw.points)  # lids and lips: B's own, unsmoothed
             state.eyes_open = eyes if state.eyes_open is None else np.maximum(state.eyes_open, eyes)
             ratio = tuple(float(v) for v in eyes / np.maximum(state.eyes_open, 1e-6))
-            edit = replace(self.edit, target_mouth_rest=state.mouth_rest, target_eye_ratio=ratio)
+            edit = replace(
+                self.edit,
+                target_eye_ratio=ratio,
+                target_lip_gap=lip_gap(track.raw.points),
+            )
             size = self.pipeline.manifest.image_size
             plan = timer.run(
                 "compose",

@@ -97,16 +97,15 @@ class ExpressionEdit:
     transfer_gain: float = TRANSFER_GAIN  # multiplies an increase carried over from B (or A)
     face_select: str = "largest"  # which faces of B: largest, all, reference (face.select)
     face_index: int = 0  # which of the chosen faces this call fuses
-    # B's mouth_open coefficient with the lips at rest (a stream's running minimum): when set,
-    # B's lip parting is read against it rather than against the neutral faces' band, so a
-    # talking B whose closed mouth reads below the band still opens A's (issue 40)
-    target_mouth_rest: float | None = None
     # a stream's mouth and eyes follow B's frame by frame (facefuse.face.lips): A's lower lip
-    # is set to B's lip parting and A's eyelids to B's eye opening, in eye spans
+    # is set to B's lip parting and A's eyelids to B's eye opening, in eye spans; the
+    # mouth_open mode then stays A's own
     follow_target: bool = False
     # B's eye opening over its open eye (per eye, image left then right; a stream's ratio to
     # its running maximum), applied to A's eyes when follow_target
     target_eye_ratio: tuple[float, float] | None = None
+    # B's inner-lip parting in eye spans (a stream's, from the raw points); None: the mesh's
+    target_lip_gap: float | None = None
 
     def __post_init__(self) -> None:
         check_expression(self.source, self.smile, self.mouth_open)
@@ -136,9 +135,9 @@ class ExpressionEdit:
             target_eye_ratio=None
             if data.get("target_eye_ratio") is None
             else tuple(float(v) for v in data["target_eye_ratio"]),
-            target_mouth_rest=None
-            if data.get("target_mouth_rest") is None
-            else float(data["target_mouth_rest"]),
+            target_lip_gap=None
+            if data.get("target_lip_gap") is None
+            else float(data["target_lip_gap"]),
         )
 
     def wanted(
@@ -152,9 +151,9 @@ class ExpressionEdit:
         band = np.zeros_like(own) if band is None else np.asarray(band, np.float64)
         own_part = expression_part(own, band)
         theirs = expression_part(target, band)
-        if self.target_mouth_rest is not None:
-            rest = float(self.target_mouth_rest)
-            theirs[MOUTH_OPEN] = max(float(target[MOUTH_OPEN]) - rest, 0.0)
+        if self.follow_target:  # the lips are set to B's parting after the warp, not by the
+            # mode (on a talking B the mode also thickened A's lower lip: issue 40)
+            theirs[MOUTH_OPEN] = own_part[MOUTH_OPEN]
         chosen = own_part if self.source == "source" else theirs
         part = chosen.copy()
         words = self.words

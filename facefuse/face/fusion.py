@@ -337,7 +337,8 @@ def _expression_warp(
     if edit.follow_target:  # a stream: B's lip parting and eye opening, frame by frame
         from facefuse.face import lips
 
-        moved = lips.follow_lip_gap(moved, lips.lip_gap(target_mesh.points))
+        gap = edit.target_lip_gap
+        moved = lips.follow_lip_gap(moved, lips.lip_gap(target_mesh.points) if gap is None else gap)
         if edit.target_eye_ratio is not None:
             moved = lips.follow_eye_opening(moved, np.asarray(edit.target_eye_ratio))
     map_x, map_y = backward_map(

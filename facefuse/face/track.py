@@ -8,10 +8,11 @@ whole cascade: a faceless frame costs one detector pass), and every
 :attr:`TrackSettings.redetect_every` frames to pick up faces that came into view.
 
 Steadiness without losing the mouth: a track's points are split into a similarity (centre,
-log scale, angle of the eye line) and the shape left in that frame; each is smoothed by a One
-Euro filter (Casiez, Roussel and Vogel, CHI 2012: a low-pass whose cutoff rises with speed, so
-a still face is steady and a moving one does not lag). The similarity gets a low cutoff (the
-crop and mask stop jittering), the shape a high one (lips and eyelids follow B frame by frame).
+log scale, angle of the eye line) and the shape left in that frame; each can be smoothed by a
+One Euro filter (Casiez, Roussel and Vogel, CHI 2012: a low-pass whose cutoff rises with speed,
+so a still face is steady and a moving one lags little). By default only the shape is (see
+:class:`TrackSettings` for the measurements), and a stream reads the lips and eyelids from the
+raw points, so they follow B frame by frame.
 
 Invariants: a track's ``mesh`` is the smoothed one (what fusion uses), ``raw`` the network's
 own (what the next frame's ROI is cut from); ``face`` is built from ``mesh``
@@ -102,12 +103,17 @@ class TrackSettings:
     ``redetect_every``: frames between detector passes while tracking (0: never);
     ``detect_stages``: the detector stages used in a stream (the fast one: a frame without a
     face must stay cheap); ``pose_cutoff`` / ``pose_beta``: One Euro on the similarity (centre
-    in eye spans, log scale, angle); ``shape_cutoff`` / ``shape_beta``: on the shape."""
+    in eye spans, log scale, angle), None: not filtered; ``shape_cutoff`` / ``shape_beta``: on
+    the shape. Measured on real clips (docs/benchmarks.md, "Video and live fusion"): any
+    filtering of the pose made the face lag B's head (flow-warping error 2.5-5.9x the
+    input's on a handheld clip, 1.8x unfiltered), the network's own pose being steady; the
+    shape filter removes the mesh's jitter (1.8x -> 1.58x) while the lips follow B's raw
+    points (a stream sets A's lip gap from them)."""
 
     min_presence: float = 0.5
     redetect_every: int = 50
     detect_stages: tuple[str, ...] = ("hog",)
-    pose_cutoff: float = 0.8
+    pose_cutoff: float | None = None
     pose_beta: float = 0.6
     shape_cutoff: float = 6.0
     shape_beta: float = 2.0
@@ -120,8 +126,9 @@ class TrackSettings:
         if not self.detect_stages:
             raise ValueError("detect_stages must name at least one stage")
         for name in ("pose_cutoff", "shape_cutoff"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0 Hz, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 Hz, got {value}")
         for name in ("pose_beta", "shape_beta"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -161,7 +168,8 @@ class Track:
     @classmethod
     def start(cls, raw: Mesh, image_shape, settings: TrackSettings) -> Track:
         track = cls(raw, raw, face_from_mesh(raw, image_shape), settings)
-        track._pose_filter = OneEuroFilter(settings.pose_cutoff, settings.pose_beta)
+        if settings.pose_cutoff is not None:
+            track._pose_filter = OneEuroFilter(settings.pose_cutoff, settings.pose_beta)
         track._shape_filter = OneEuroFilter(settings.shape_cutoff, settings.shape_beta)
         track._smooth(raw, 0.0, image_shape)
         return track
@@ -170,13 +178,15 @@ class Track:
         pose, shape = _pose(raw.points)
         span = raw.eye_span
         # the centre is filtered in eye spans, so one cutoff suits every face size
-        scaled = pose.copy()
-        scaled[:2] /= max(span, 1.0)
-        if self._pose_filter._x is not None:  # keep the angle continuous across +-pi
-            last = self._pose_filter._x[3]
-            scaled[3] = last + math.remainder(scaled[3] - last, 2 * math.pi)
-        smooth = self._pose_filter(scaled, dt)
-        smooth[:2] *= max(span, 1.0)
+        smooth = pose
+        if self._pose_filter is not None:
+            scaled = pose.copy()
+            scaled[:2] /= max(span, 1.0)
+            if self._pose_filter._x is not None:  # keep the angle continuous across +-pi
+                last = self._pose_filter._x[3]
+                scaled[3] = last + math.remainder(scaled[3] - last, 2 * math.pi)
+            smooth = self._pose_filter(scaled, dt)
+            smooth[:2] *= max(span, 1.0)
         points = _points(smooth, self._shape_filter(shape, dt))
         self.raw = raw
         self.mesh = Mesh(points, raw.depth, raw.presence)

@@ -109,18 +109,20 @@ def test_prometheusrule_holds_the_same_groups_as_the_compose_rules():
     assert crd["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
 
 
-def test_adapter_rule_is_queue_time_per_request_and_feeds_the_hpa():
-    (rule,) = adapter_rules()
+def test_adapter_rules_are_queue_time_and_open_streams_and_feed_the_hpa():
+    rule, streams = adapter_rules()
     query = adapter_query(rule)
     names = promql_metric_names(query)
     assert names == {"nv_inference_queue_duration_us", "nv_inference_request_success"}
     lhs, rhs = query.split("/ clamp_min(")  # queue time divided by the request count
     assert "nv_inference_queue_duration_us" in lhs and "nv_inference_request_success" in rhs
     assert adapter_metric_names() <= KNOWN_METRICS
+    assert promql_metric_names(adapter_query(streams)) == {"facefuse_streams_open"}
     hpa = yaml.safe_load((K8S / "base" / "hpa.yaml").read_text())
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "Pods"
+    metric, stream_metric = hpa["spec"]["metrics"]
+    assert metric["type"] == stream_metric["type"] == "Pods"
     assert metric["pods"]["metric"]["name"] == rule["name"]["as"]
+    assert stream_metric["pods"]["metric"]["name"] == streams["name"]["as"]
     assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
     assert '{namespace!="",pod!=""}' in rule["seriesQuery"]
     assert ADAPTER_VALUES.exists()
