@@ -85,6 +85,7 @@ class StreamTritonModel(PipelineTritonModel):
         self.streams_metric = TritonMetric(
             metrics.STREAMS_OPEN, "open facefusion streams", kind="gauge", model=self.name
         )
+        self.streams_metric.set(0)  # exported from load on: the autoscaler reads it before use
         self.frames_metric = TritonMetric(
             metrics.STREAM_FRAMES, "stream frames by outcome (ok, dropped, error)"
         )

@@ -85,7 +85,6 @@ _GRAFANA_VARIABLES = {
     "model": "facefusion|txt2img",
 }
 _ADAPTER_TEMPLATES = {
-    "<<.Series>>": "nv_inference_queue_duration_us",
     "<<.LabelMatchers>>": 'namespace="facefuse",pod=~"facefuse-.*"',
     "<<.GroupBy>>": "pod",
 }
@@ -141,7 +140,9 @@ def _substitute_grafana(expr: str) -> str:
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, expr)
 
 
-def _substitute_adapter(query: str) -> str:
+def _substitute_adapter(query: str, series: str) -> str:
+    """Fill the adapter's templates; ``<<.Series>>`` is the rule's own series name."""
+    query = query.replace("<<.Series>>", series)
     for template, value in _ADAPTER_TEMPLATES.items():
         query = query.replace(template, value)
     if "<<" in query:
@@ -234,13 +235,14 @@ def adapter_metric_names(path: Path = ADAPTER_VALUES) -> set[str]:
     """Metric names the prometheus-adapter rules query (templates filled in)."""
     names: set[str] = set()
     for rule in adapter_rules(path):
-        names |= promql_metric_names(_substitute_adapter(rule["metricsQuery"]))
+        names |= promql_metric_names(adapter_query(rule))
         names |= promql_metric_names(rule["seriesQuery"])
     return names
 
 
 def adapter_query(rule: dict) -> str:
-    return _substitute_adapter(rule["metricsQuery"])
+    (series,) = promql_metric_names(rule["seriesQuery"])
+    return _substitute_adapter(rule["metricsQuery"], series)
 
 
 def scrape_metric_names(text: str) -> set[str]:
