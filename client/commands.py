@@ -138,6 +138,11 @@ def register_video(subparsers) -> None:
         help="frames as raw RGB tensors (default) or JPEG (a tenth of the bytes)",
     )  # fmt: skip
     video.add_argument("--max-in-flight", type=int, default=4, help="frames unanswered at once")
+    video.add_argument(
+        "--parallel", type=int, default=1, metavar="N",
+        help="split the clip at keyframes into N segments fused over N streams at once (N "
+        "replicas behind --url fuse it up to N times faster); not with --live",
+    )  # fmt: skip
     video.add_argument("--timeout", type=float, default=120.0, help="seconds without an answer")
     video.add_argument("--no-progress", action="store_true", help="no progress bar")
     video.set_defaults(func=run_fuse_video)
@@ -160,7 +165,7 @@ def run_fuse_video(args: argparse.Namespace) -> int:
     report = fuse_video(
         args.url or DEFAULT_URLS["grpc"], source, args.target, args.output, args.instruction,
         live=args.live, transport=args.transport, max_in_flight=args.max_in_flight,
-        timeout_s=args.timeout, progress=not args.no_progress, **options,
+        timeout_s=args.timeout, progress=not args.no_progress, parallel=args.parallel, **options,
     )  # fmt: skip
     summary = report["summary"]
     print(

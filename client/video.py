@@ -136,19 +136,93 @@ def _rotation(stream) -> int:
 
 
 def read_frames(
-    path: str | Path, field: str = "--target"
-) -> Iterator[tuple[np.ndarray, float, int]]:
-    """(RGB uint8 contiguous, seconds, pts) for every frame, in presentation order."""
+    path: str | Path, field: str = "--target", start_pts: int | None = None,
+    end_pts: int | None = None,
+) -> Iterator[tuple[np.ndarray, float, int]]:  # fmt: skip
+    """(RGB uint8 contiguous, seconds, pts) for every frame, in presentation order; with
+    ``start_pts``/``end_pts`` only the frames whose pts is in [start_pts, end_pts) (the decoder
+    seeks to the keyframe at or before ``start_pts`` and skips what comes before it)."""
     path = Path(path)
     with _open(path, field) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         base = Fraction(stream.time_base)
+        frames = _decode_from(container, stream, start_pts)
         index = 0
-        for frame in container.decode(stream):
+        for frame in frames:
             pts = frame.pts if frame.pts is not None else index
-            yield np.ascontiguousarray(frame.to_ndarray(format="rgb24")), float(pts * base), pts
             index += 1
+            if start_pts is not None and pts < start_pts:
+                continue
+            if end_pts is not None and pts >= end_pts:
+                return
+            yield np.ascontiguousarray(frame.to_ndarray(format="rgb24")), float(pts * base), pts
+
+
+def _decode_from(container, stream, start_pts: int | None):
+    """Decoded frames from at or before ``start_pts``. Seeking is exact in MP4 and WebM but
+    not in every container (MPEG program streams land past the target): a seek whose first
+    frame comes after ``start_pts`` is retried from further back, then from the start."""
+    import itertools
+
+    if start_pts is None or start_pts <= 0:
+        return container.decode(stream)
+    second = int(1 / stream.time_base) if stream.time_base else 1
+    for back in (0, second, 5 * second, 30 * second):
+        target = start_pts - back
+        if target <= 0:
+            break
+        container.seek(target, stream=stream, backward=True, any_frame=False)
+        frames = container.decode(stream)
+        first = next(frames, None)
+        if first is None:
+            continue
+        if first.pts is not None and first.pts <= start_pts:
+            return itertools.chain([first], frames)
+    container.seek(0, stream=stream, backward=True, any_frame=False)
+    return container.decode(stream)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Frames with pts in [start_pts, end_pts) (None: the clip's start or end); ``first`` is
+    the index of its first frame in the clip, ``frames`` how many it holds."""
+
+    start_pts: int | None
+    end_pts: int | None
+    first: int
+    frames: int
+
+
+def split_at_keyframes(path: str | Path, parts: int, field: str = "--target") -> list[Segment]:
+    """At most ``parts`` segments of about equal frame counts, each starting at a keyframe (so
+    each decodes on its own); packets are demuxed, nothing is decoded. A clip with fewer
+    keyframes gives fewer segments."""
+    if not 1 <= int(parts) <= 64:
+        raise InvalidInput("--parallel", f"must be in 1..64, got {parts}")
+    with _open(Path(path), field) as container:
+        stream = container.streams.video[0]
+        packets = [(p.pts, p.is_keyframe) for p in container.demux(stream)
+                   if p.pts is not None and p.size]  # fmt: skip
+    packets.sort()
+    every = [pts for pts, _ in packets]
+    keys = [i for i, (_, key) in enumerate(packets) if key and i > 0]
+    starts = [0]
+    for part in range(1, int(parts)):
+        want = part * len(every) / parts
+        if not keys:
+            break
+        best = min(keys, key=lambda i: abs(i - want))
+        if best > starts[-1]:
+            starts.append(best)
+    segments = []
+    for n, first in enumerate(starts):
+        last = starts[n + 1] if n + 1 < len(starts) else len(every)
+        segments.append(
+            Segment(None if n == 0 else every[first],
+                    every[last] if last < len(every) else None, first, last - first)
+        )  # fmt: skip
+    return segments
 
 
 class VideoWriter:
@@ -247,6 +321,9 @@ class VideoWriter:
         self.container.close()
         if self._audio_in is not None:
             self._audio_in.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.partial, 0o666 & ~umask)  # mkstemp made it 0600; a written video is not
         os.replace(self.partial, self.out)
 
     def abort(self) -> None:

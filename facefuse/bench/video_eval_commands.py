@@ -37,6 +37,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--identity-every", type=int, default=5)
     parser.add_argument("--no-live", action="store_true", help="skip the live run")
+    parser.add_argument(
+        "--parallel", type=int, default=2, metavar="N",
+        help="also fuse each clip in N keyframe segments over N streams and measure the seams "
+        "(0 or 1: skip)",
+    )  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -69,7 +74,9 @@ def still_fps(url: str, source: bytes, clip: Path, count: int, instruction: str)
     return len(frames) / elapsed if elapsed > 0 else 0.0
 
 
-def measure(clip: Path, output: Path, source_rgb, identity_every: int) -> tuple[dict, object]:
+def measure(
+    clip: Path, output: Path, source_rgb, identity_every: int, seams: tuple = ()
+) -> tuple[dict, object]:
     import numpy as np
 
     from facefuse.client.video import read_frames
@@ -80,7 +87,7 @@ def measure(clip: Path, output: Path, source_rgb, identity_every: int) -> tuple[
     face = meter.main_face(source_rgb)
     if face is None:
         raise SystemExit("video-eval: dlib finds no face in --source")
-    clip_meter = ClipMeter(face.descriptor, identity_every, meter)
+    clip_meter = ClipMeter(face.descriptor, identity_every, meter, seams=tuple(seams))
     frames_in, frames_out = [], []
     for (rgb_in, t, _), (rgb_out, _, _) in zip(read_frames(clip), read_frames(output)):
         changed = bool(np.any(rgb_in != rgb_out))
@@ -88,6 +95,20 @@ def measure(clip: Path, output: Path, source_rgb, identity_every: int) -> tuple[
         frames_in.append(rgb_in)
         frames_out.append(rgb_out)
     return clip_meter.summary(), strip(frames_in, frames_out)
+
+
+def parallel_row(url: str, source: bytes, clip: Path, args, source_rgb) -> dict:
+    """The clip fused in ``args.parallel`` segments: speed, and stability at the seams against
+    the same clip's stability everywhere (a jump at a seam shows as a larger ratio)."""
+    from facefuse.client.video_job import fuse_video
+
+    output = args.out / f"{clip.stem}-parallel.mp4"
+    summary = fuse_video(url, source, clip, output, args.instruction,
+                         parallel=args.parallel)["summary"]  # fmt: skip
+    seams = tuple(s["first"] for s in summary["segments"][1:])
+    quality, _ = measure(clip, output, source_rgb, identity_every=10**9, seams=seams)
+    keys = ("seams", "seams_measured", "seam_stability_ratio", "stability_ratio")
+    return {"summary": summary, **{k: quality.get(k) for k in keys}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
                 row["still_api_fps"] = round(fps, 3)
                 row["stream_over_still"] = round(offline["fps"] / fps, 3) if fps else None
             row["quality"], picture = measure(clip, output, source_rgb, args.identity_every)
+            if args.parallel > 1:
+                row["parallel"] = parallel_row(url, source, clip, args, source_rgb)
             cv2.imwrite(
                 str(args.out / f"{name}-strip.png"), cv2.cvtColor(picture, cv2.COLOR_RGB2BGR)
             )
@@ -152,6 +175,12 @@ def _print(name: str, row: dict) -> None:
         parts.append(
             f"live p50 {live['latency_ms_p50']:.0f} / p95 {live['latency_ms_p95']:.0f} ms, "
             f"{live['delivered_fps']:.1f} delivered/s"
+        )
+    if "parallel" in row:
+        par = row["parallel"]
+        parts.append(
+            f"{len(par['summary']['segments'])} segments {par['summary']['fps']:.1f} frames/s, "
+            f"seam stability {par['seam_stability_ratio']} (all {par['stability_ratio']})"
         )
     parts.append(
         f"face {q['face_found_share']}, d(A) {q['distance_a_median']}, nearer A "

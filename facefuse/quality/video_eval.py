@@ -11,6 +11,9 @@ Measures, each on the output and the input B of the same frames:
   optical flow of B between consecutive frames (Farneback), the previous frame warped onto the
   next by it, the mean absolute difference inside the face box; the output's error over B's own
   (1 = as steady as the input, > 1 flicker or jitter the input does not have);
+* **seams** (a clip fused in segments over several streams): the same ratio on the frame pairs
+  that straddle a segment boundary only (``seams``: the first frame index of each segment after
+  the first), where a visible jump would show;
 * **faceless frames**: where B shows no face, the output's PSNR against B (untouched: the cap).
 
 Nothing here runs in the serving path; dlib's 68-point predictor is evaluation only.
@@ -68,6 +71,8 @@ class ClipMeter:
     gaps_out: list = field(default_factory=list)
     warp_in: list = field(default_factory=list)
     warp_out: list = field(default_factory=list)
+    warp_frames: list = field(default_factory=list)  # the later frame of each measured pair
+    seams: tuple = ()
     distances: list = field(default_factory=list)  # (d(A), d(B))
     faceless_psnr: list = field(default_factory=list)
     frames: int = 0
@@ -104,6 +109,7 @@ class ClipMeter:
             e_in, e_out = flow_warp_error(previous_in, frame_in, previous_out, frame_out, box)
             self.warp_in.append(e_in)
             self.warp_out.append(e_out)
+            self.warp_frames.append(self.frames)
         if box is not None and self.frames % self.identity_every == 0:
             faces = self.meter.detect(frame_out)
             if faces:
@@ -137,6 +143,19 @@ class ClipMeter:
             if self.faceless_psnr
             else None,
             "psnr_cap_db": PSNR_CAP_DB,
+            **self._seam_summary(),
+        }
+
+    def _seam_summary(self) -> dict:
+        if not self.seams:
+            return {}
+        at = [i for i, frame in enumerate(self.warp_frames) if frame in set(self.seams)]
+        warp_in = float(sum(self.warp_in[i] for i in at))
+        warp_out = float(sum(self.warp_out[i] for i in at))
+        return {
+            "seams": list(self.seams),
+            "seams_measured": len(at),
+            "seam_stability_ratio": round(warp_out / warp_in, 4) if warp_in > 0 else None,
         }
 
 
