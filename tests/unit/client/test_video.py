@@ -118,3 +118,19 @@ def test_bad_files_are_refused_naming_the_field(tmp_path):
         probe(big, limits=VideoLimits(max_pixels=100 * 100))
     with pytest.raises(InvalidInput, match="over"):
         probe(big, limits=VideoLimits(max_duration_s=0.01))
+
+
+def test_keyframe_segments_decode_to_the_whole_clip(tmp_path):
+    from facefuse.client.video import split_at_keyframes
+
+    clip = make_clip(tmp_path / "gop.mp4", frames=30, audio=False)
+    segments = split_at_keyframes(clip, 3)
+    assert sum(s.frames for s in segments) == 30
+    assert [s.first for s in segments] == sorted({s.first for s in segments})
+    whole = [(rgb, pts) for rgb, _, pts in read_frames(clip)]
+    parts = [(rgb, pts) for s in segments
+             for rgb, _, pts in read_frames(clip, "--target", s.start_pts, s.end_pts)]  # fmt: skip
+    assert [p for _, p in parts] == [p for _, p in whole]
+    assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(parts, whole, strict=True))
+    with pytest.raises(InvalidInput, match="--parallel"):
+        split_at_keyframes(clip, 0)
