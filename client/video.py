@@ -13,8 +13,9 @@ interrupted run leaves no half-written output.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -163,8 +164,6 @@ def _decode_from(container, stream, start_pts: int | None):
     """Decoded frames from at or before ``start_pts``. Seeking is exact in MP4 and WebM but
     not in every container (MPEG program streams land past the target): a seek whose first
     frame comes after ``start_pts`` is retried from further back, then from the start."""
-    import itertools
-
     if start_pts is None or start_pts <= 0:
         return container.decode(stream)
     second = int(1 / stream.time_base) if stream.time_base else 1
@@ -251,10 +250,8 @@ class VideoWriter:
                 )
         self.source = source
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(prefix=f".{self.out.stem}.", suffix=".partial",
-                                       dir=self.out.parent)  # fmt: skip
-        os.close(fd)
-        self.partial = Path(partial)
+        # FFmpeg creates it with the usual permissions (mkstemp's would be 0600)
+        self.partial = self.out.parent / f".{self.out.stem}.{secrets.token_hex(6)}.partial"
         self.container = av.open(str(self.partial), "w", format=self.format)
         self.stream = self.container.add_stream(codec, rate=source.rate)
         self.stream.width, self.stream.height = source.width, source.height
@@ -321,9 +318,6 @@ class VideoWriter:
         self.container.close()
         if self._audio_in is not None:
             self._audio_in.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self.partial, 0o666 & ~umask)  # mkstemp made it 0600; a written video is not
         os.replace(self.partial, self.out)
 
     def abort(self) -> None:

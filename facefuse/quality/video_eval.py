@@ -149,7 +149,8 @@ class ClipMeter:
     def _seam_summary(self) -> dict:
         if not self.seams:
             return {}
-        at = [i for i, frame in enumerate(self.warp_frames) if frame in set(self.seams)]
+        seams = set(self.seams)
+        at = [i for i, frame in enumerate(self.warp_frames) if frame in seams]
         warp_in = float(sum(self.warp_in[i] for i in at))
         warp_out = float(sum(self.warp_out[i] for i in at))
         return {

@@ -14,12 +14,15 @@ from facefuse.core.errors import InvalidInput
 av = pytest.importorskip("av")
 
 
-def make_clip(path, frames=12, rate=25, size=(96, 64), audio=True, codec="libx264"):
-    """A short clip of moving bars with a sine tone (AAC) when ``audio``."""
+def make_clip(path, frames=12, rate=25, size=(96, 64), audio=True, codec="libx264", gop=None):
+    """A short clip of moving bars with a sine tone (AAC) when ``audio``; a keyframe every
+    ``gop`` frames when given."""
     width, height = size
     with av.open(str(path), "w") as out:
         video = out.add_stream(codec, rate=rate)
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        if gop is not None:
+            video.options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}
         sound = None
         if audio:
             sound = out.add_stream("aac", rate=16000)
@@ -123,9 +126,9 @@ def test_bad_files_are_refused_naming_the_field(tmp_path):
 def test_keyframe_segments_decode_to_the_whole_clip(tmp_path):
     from facefuse.client.video import split_at_keyframes
 
-    clip = make_clip(tmp_path / "gop.mp4", frames=30, audio=False)
+    clip = make_clip(tmp_path / "gop.mp4", frames=30, audio=False, gop=10)
     segments = split_at_keyframes(clip, 3)
-    assert sum(s.frames for s in segments) == 30
+    assert [(s.first, s.frames) for s in segments] == [(0, 10), (10, 10), (20, 10)]
     assert [s.first for s in segments] == sorted({s.first for s in segments})
     whole = [(rgb, pts) for rgb, _, pts in read_frames(clip)]
     parts = [(rgb, pts) for s in segments
@@ -134,3 +137,7 @@ def test_keyframe_segments_decode_to_the_whole_clip(tmp_path):
     assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(parts, whole, strict=True))
     with pytest.raises(InvalidInput, match="--parallel"):
         split_at_keyframes(clip, 0)
+    from facefuse.client.video_job import fuse_video
+
+    with pytest.raises(InvalidInput, match=r"--parallel.*--live"):  # refused before connecting
+        fuse_video("127.0.0.1:1", b"x", clip, tmp_path / "out.mp4", live=True, parallel=2)
