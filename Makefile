@@ -9,20 +9,24 @@ TORCH_VERSION ?= 2.13.0
 # the embedded default: the trained face model shipped in facefuse/models/faces
 MODEL ?= faces
 
-.PHONY: install demo test test-fast test-unit test-integration lint format export clean
+.PHONY: install ui demo test test-fast test-unit test-integration lint format export clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# the CPU wheel first: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,ui]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 export: install
 	$(FACEFUSE) export --model $(MODEL) --out $(REPOSITORY)
+
+# the page on http://127.0.0.1:7860/, with its own local tritonserver on the exported default
+ui: export
+	$(FACEFUSE) ui --repository $(REPOSITORY)
 
 demo: export
 	$(FACEFUSE) demo --repository $(REPOSITORY) --out out/fused.png

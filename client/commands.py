@@ -1,9 +1,12 @@
-"""``facefuse fuse``, ``fuse-video`` and ``txt2img``: call a running deployment."""
+"""``facefuse fuse``, ``fuse-video``, ``txt2img`` and ``ui``: call a running deployment."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import sys
 from pathlib import Path
 
 from facefuse.client.api import DEFAULT_URLS, PROTOCOLS
@@ -98,6 +101,7 @@ def register(subparsers) -> None:
     _common(txt, with_strength=False)
     txt.set_defaults(func=run_txt2img)
     register_video(subparsers)
+    register_ui(subparsers)
 
 
 def register_video(subparsers) -> None:
@@ -223,3 +227,52 @@ def run_txt2img(args: argparse.Namespace) -> int:
     with Client(args.url, args.protocol, args.timeout) as client:
         result = client.txt2img(args.prompt, **_params(args, with_strength=False))
     return _finish(args, result)
+
+
+def register_ui(subparsers) -> None:
+    ui = subparsers.add_parser(
+        "ui",
+        help="open a local web page to try fusion on photos, videos and the camera",
+        description="A Gradio page (install facefuse[ui]) that talks to a running Triton server "
+        "through this client library: photos, videos with sound, the camera live, txt2img. "
+        "Binds 127.0.0.1 unless --host and --allow-remote say otherwise.",
+    )
+    ui.add_argument("--url", default=None, help=f"gRPC address (default {DEFAULT_URLS['grpc']})")
+    ui.add_argument(
+        "--repository", type=Path, default=None,
+        help="start a local tritonserver on this exported repository for the page (stopped "
+        "with it) instead of using --url",
+    )  # fmt: skip
+    ui.add_argument("--host", default="127.0.0.1", help="address the page binds (loopback)")
+    ui.add_argument("--port", type=int, default=7860, help="the page's port (default 7860)")
+    ui.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host")
+    ui.add_argument(
+        "--token", default=os.environ.get("FACEFUSE_UI_TOKEN"),
+        help="ask for this token before the page opens (default: $FACEFUSE_UI_TOKEN, or none)",
+    )  # fmt: skip
+    ui.add_argument("--max-file-mb", type=int, default=200, help="largest upload, MB")
+    ui.set_defaults(func=run_ui)
+
+
+def run_ui(args: argparse.Namespace) -> int:
+    try:
+        from facefuse.client.ui import serve
+    except ModuleNotFoundError as exc:  # the optional extra is not installed
+        print(f"facefuse ui needs the ui extra ({exc.name} is missing): "
+              "pip install 'facefuse[ui]' (or make ui)", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print("facefuse ui: warning: a page on a non-loopback address without --token",
+              file=sys.stderr)  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        url = args.url or DEFAULT_URLS["grpc"]
+        if args.repository is not None:
+            from facefuse.serving.server import LocalTritonServer, ServerConfig
+
+            print(f"starting tritonserver on {args.repository} ...", flush=True)
+            server = stack.enter_context(LocalTritonServer(ServerConfig(args.repository)))
+            url = server.grpc_url
+        print(f"facefuse ui on http://{args.host}:{args.port}/ (server {url}); Ctrl-C stops it",
+              flush=True)  # fmt: skip
+        serve(url, args.host, args.port, args.token, args.allow_remote, args.max_file_mb)
+    return 0

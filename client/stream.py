@@ -16,6 +16,7 @@ Frames travel raw (``transport="raw"``: UINT8 [H, W, 3], no encoding cost) or as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import queue
@@ -205,7 +206,12 @@ def fuse_stream(
                 send({}, "end", sequence_end=True)
 
     try:
-        send(start, "start", sequence_start=True)
+        try:
+            send(start, "start", sequence_start=True)
+        except Exception as exc:  # the cause (e.g. failed to connect) went to the callback
+            with contextlib.suppress(queue.Empty):
+                exc = answers.get(timeout=5)[1] or exc
+            raise _error(exc) from None
         result, error = answers.get(timeout=timeout_s)
         if error is not None:
             raise _error(error)

@@ -41,6 +41,9 @@ AUDIO_OK = {
 }
 
 
+STILL_FORMATS = {"image2", "png_pipe", "jpeg_pipe", "webp_pipe"}  # FFmpeg's still demuxers
+
+
 @dataclass(frozen=True)
 class VideoLimits:
     """What a client accepts before sending (the service bounds frames and streams itself)."""
@@ -84,6 +87,8 @@ def probe(
     with _open(path, field) as container:
         if not container.streams.video:
             raise InvalidInput(field, f"{path.name} has no video stream")
+        if container.format.name in STILL_FORMATS or container.format.name.endswith("_pipe"):
+            raise InvalidInput(field, f"{path.name} is a still image, not a video")
         stream = container.streams.video[0]
         ctx = stream.codec_context
         if ctx is None or not ctx.name:

@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -56,9 +57,11 @@ def fuse_video(
     timeout_s: float = 120.0,
     progress: bool = False,
     parallel: int = 1,
+    on_frame: Callable[[int, int], None] | None = None,
     **options,
 ) -> dict:
-    """Fuse every frame of ``target`` into ``output``; see the module docstring."""
+    """Fuse every frame of ``target`` into ``output``; see the module docstring.
+    ``on_frame(done, total)`` is called after each frame written (a page's progress bar)."""
     info = probe(target, "--target")
     options = {k: v for k, v in options.items() if v is not None}
     if parallel != 1:
@@ -99,6 +102,8 @@ def fuse_video(
                 rows.append(_row(frame.index, frame))
                 if bar is not None:
                     bar[0].update(bar[1], advance=1)
+                if on_frame is not None:
+                    on_frame(len(rows), info.frames)
     finally:
         if bar is not None:
             bar[0].stop()

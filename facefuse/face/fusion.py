@@ -12,6 +12,7 @@ box or where the (resized) mask is 0 are bit-identical to B's.
 from __future__ import annotations
 
 import functools
+import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -123,13 +124,29 @@ def _detect_both(source_rgb, target_rgb, stages) -> tuple[Face, Face]:
     return source_job.result(), target_job.result()
 
 
+_LAST_FACES: list = []  # [(key, faces)]: "all" fuses face by face, each call finds B's again
+
+
+def _faces_of(target_rgb: np.ndarray, stages, small: bool) -> list[Face]:
+    """:func:`find_faces`, the last image's answer reused (the calls for each face of B)."""
+    key = (hashlib.blake2b(target_rgb.tobytes(), digest_size=16).digest(), target_rgb.shape,
+           tuple(stages) if stages is not None else None, small)  # fmt: skip
+    for seen, faces in list(_LAST_FACES):
+        if seen == key:
+            return list(faces)
+    faces = find_faces(target_rgb, stages, small=small)
+    _LAST_FACES[:] = [(key, tuple(faces))]
+    return faces
+
+
 def _detect_chosen(source_rgb, target_rgb, stages, edit: ExpressionEdit, reference_rgb):
     """A's main face, the chosen face of B (every face of B found, one chosen by the edit's
     selection and index) and the selection's info."""
     from facefuse.face.select import choose
 
     source_job = _DETECT_POOL.submit(detect_face, source_rgb, SOURCE_FIELD, stages)
-    target_job = _DETECT_POOL.submit(find_faces, target_rgb, stages)
+    small = edit.face_select == "all"  # every face, the small ones too (detect.find_faces)
+    target_job = _DETECT_POOL.submit(_faces_of, target_rgb, stages, small)
     wait((source_job, target_job))
     source_face, faces = source_job.result(), target_job.result()
     if not faces:

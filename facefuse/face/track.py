@@ -228,7 +228,7 @@ class FaceTracker:
 
     def _detect(self, rgb: np.ndarray) -> list[Face]:
         self.detections += 1
-        faces = find_faces(rgb, self.settings.detect_stages)
+        faces = find_faces(rgb, self.settings.detect_stages, small=self.select == "all")
         faces.sort(key=lambda f: -f.eye_distance)
         return faces[: 1 if self.select == "largest" else self.max_faces]
 

@@ -10,6 +10,7 @@ import pytest
 from facefuse.client.video import VideoWriter, audio_packets, probe, read_frames
 
 from facefuse.core.errors import InvalidInput
+from tests.media import write_clip
 
 av = pytest.importorskip("av")
 
@@ -18,36 +19,13 @@ def make_clip(path, frames=12, rate=25, size=(96, 64), audio=True, codec="libx26
     """A short clip of moving bars with a sine tone (AAC) when ``audio``; a keyframe every
     ``gop`` frames when given."""
     width, height = size
-    with av.open(str(path), "w") as out:
-        video = out.add_stream(codec, rate=rate)
-        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
-        if gop is not None:
-            video.options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}
-        sound = None
-        if audio:
-            sound = out.add_stream("aac", rate=16000)
-            sound.layout = "mono"
-        samples = 0
-        for i in range(frames):
-            rgb = np.zeros((height, width, 3), np.uint8)
-            rgb[:, (i * 4) % width :, 0] = 200
-            rgb[: height // 2, :, 1] = 40 * (i % 5)
-            for packet in video.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
-                out.mux(packet)
-            if sound is not None:
-                n = 16000 // rate
-                t = (np.arange(samples, samples + n) / 16000.0).astype(np.float32)
-                tone = (0.2 * np.sin(2 * np.pi * 440 * t))[None].astype(np.float32)
-                chunk = av.AudioFrame.from_ndarray(tone, format="fltp", layout="mono")
-                chunk.sample_rate, chunk.pts = 16000, samples
-                samples += n
-                for packet in sound.encode(chunk):
-                    out.mux(packet)
-        for stream in (video, sound):
-            if stream is not None:
-                for packet in stream.encode():
-                    out.mux(packet)
-    return path
+    images = []
+    for i in range(frames):
+        rgb = np.zeros((height, width, 3), np.uint8)
+        rgb[:, (i * 4) % width :, 0] = 200
+        rgb[: height // 2, :, 1] = 40 * (i % 5)
+        images.append(rgb)
+    return write_clip(path, images, rate, audio, codec, gop)
 
 
 def test_probe_and_frames_are_contiguous_rgb(tmp_path):
@@ -141,3 +119,9 @@ def test_keyframe_segments_decode_to_the_whole_clip(tmp_path):
 
     with pytest.raises(InvalidInput, match=r"--parallel.*--live"):  # refused before connecting
         fuse_video("127.0.0.1:1", b"x", clip, tmp_path / "out.mp4", live=True, parallel=2)
+
+
+def test_a_still_image_is_not_taken_for_a_video(tmp_path, sample_images):
+    (tmp_path / "b.png").write_bytes(sample_images[1])
+    with pytest.raises(InvalidInput, match="still image, not a video"):
+        probe(tmp_path / "b.png", "--target")

@@ -61,3 +61,37 @@ def test_fusion_of_each_chosen_face(two_people, grace):
     with pytest.raises(ValueError, match="face_index"):
         prepare_fusion(grace, two_people, 128, expression=ExpressionEdit(face_index=1))
     assert edit.face_select == "all"
+
+
+@pytest.fixture(scope="module")
+def small_and_large(grace):
+    """Grace Hopper twice on a 640x480 frame: her face ~120 px and ~48 px wide (the second
+    under HOG's 80 px window, as faces in a crowd are)."""
+    canvas = np.full((480, 640, 3), 190, np.uint8)
+    for face_px, (x, y) in ((120, (20, 40)), (48, (450, 200))):
+        scale = face_px / 216  # her face is ~216 px wide in the 512 x 600 photo
+        small = cv2.resize(grace, (round(512 * scale), round(600 * scale)), cv2.INTER_AREA)
+        canvas[y : y + small.shape[0], x : x + small.shape[1]] = small
+    return canvas
+
+
+def test_all_finds_faces_down_to_40_px_as_dlib_upsampled_does(small_and_large):
+    import dlib
+
+    assert len(find_faces(small_and_large)) == 1  # the main-face path: HOG's window only
+    faces = find_faces(small_and_large, small=True)
+    widths = sorted(f.box[2] - f.box[0] for f in faces)
+    reference = sorted(r.width() for r in dlib.get_frontal_face_detector()(small_and_large, 1))
+    assert len(faces) == len(reference) == 2 and 40 <= widths[0] < 80
+    assert all(abs(a - b) <= 2 for a, b in zip(widths, reference, strict=True))
+
+
+def test_all_fuses_the_small_face_too(small_and_large, grace):
+    result = small_and_large
+    for index in range(2):
+        plan = prepare_fusion(grace, small_and_large, 128, expression=ExpressionEdit(
+            face_select="all", face_index=index))  # fmt: skip
+        assert plan.info["faces"]["fused"] == [0, 1]
+        result = paste_back(result, plan.composite, plan)
+    changed = np.any(result != small_and_large, axis=2)
+    assert changed[200:340, 450:570].any() and changed[40:300, 20:260].any()
