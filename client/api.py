@@ -134,6 +134,7 @@ def _client_error(exc: Exception) -> ClientError:
 RETRY_STATUSES = ("503", "502", "504", "StatusCode.UNAVAILABLE")
 RETRY_TEXTS = (
     "is unavailable",
+    "busy, retry",  # a full bound (streams, frames in flight): errors.Busy
     "is not healthy",  # a pipeline instance's own process died (Triton answers 500)
     "unknown model",  # the supervisor has the model unloaded for a reload
     "no available versions",

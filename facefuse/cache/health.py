@@ -65,24 +65,30 @@ class InMemoryMetrics:
 
 
 class TritonMetricsSink:
-    """Maps the cache metrics onto ``pb_utils.MetricFamily`` (create in ``initialize``)."""
+    """Maps the cache metrics onto ``pb_utils.MetricFamily`` (create in ``initialize``).
+    ``lock``: held around every metric call (the serving layer's process-wide metric lock;
+    the stub's metric API is not thread-safe)."""
 
-    def __init__(self, pb_utils, labels: dict[str, str] | None = None):
+    def __init__(self, pb_utils, labels: dict[str, str] | None = None, lock=None):
+        self._lock = lock if lock is not None else threading.RLock()
         self._families = {}
         self._metrics = {}
-        for name, (kind, description) in CACHE_METRICS.items():
-            family = pb_utils.MetricFamily(
-                name=name, description=description, kind=getattr(pb_utils.MetricFamily, kind)
-            )
-            self._families[name] = family
-            self._metrics[name] = family.Metric(labels=dict(labels or {}))
+        with self._lock:
+            for name, (kind, description) in CACHE_METRICS.items():
+                family = pb_utils.MetricFamily(
+                    name=name, description=description, kind=getattr(pb_utils.MetricFamily, kind)
+                )
+                self._families[name] = family
+                self._metrics[name] = family.Metric(labels=dict(labels or {}))
 
     def increment(self, name: str, value: float = 1.0) -> None:
         if value:
-            self._metrics[name].increment(value)
+            with self._lock:
+                self._metrics[name].increment(value)
 
     def set(self, name: str, value: float) -> None:
-        self._metrics[name].set(value)
+        with self._lock:
+            self._metrics[name].set(value)
 
 
 class HitRateWindow:

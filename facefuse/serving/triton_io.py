@@ -198,27 +198,65 @@ def bytes_array(data: bytes) -> np.ndarray:
     return np.array([data], dtype=np.object_)
 
 
+_WATCHING: list[int] = []
+
+
+def exit_with_parent(period_s: float = 1.0) -> None:
+    """End this stub process when its tritonserver is gone. A stub whose server died
+    (SIGKILL, a crash) is reparented; its own loop notices, but threads blocked on the dead
+    server (a metric or BLS call) keep the process alive for ever, holding memory and shared
+    memory. A daemon thread polls the parent pid and calls ``os._exit`` when it changes.
+    Idempotent (one watcher per process)."""
+    import os
+
+    if _WATCHING:
+        return
+    parent = os.getppid()
+    _WATCHING.append(parent)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(period_s)
+        log.warning("tritonserver (pid %d) is gone: this model process exits", parent)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="facefuse-parent-watch").start()
+
+
+# Every Python-backend metric call of this process goes through this lock. The stub's metric
+# API is not safe across threads: two threads creating the metric of one label set at once
+# leave one Metric to be collected while the server still reads its shared memory, and
+# tritonserver 2.51 then dies with SIGSEGV in Metric::LoadFromSharedMemory (seen when many
+# streams were cancelled at once, each on its own thread).
+METRIC_LOCK = threading.RLock()
+
+
 class TritonMetric:
     """A custom metric family that keeps itself alive next to its metrics (Triton invalidates a
     metric whose ``MetricFamily`` object was garbage-collected): hold this object, not the
-    metric. ``kind`` is "counter" or "gauge"; ``labels`` are the default labels."""
+    metric. ``kind`` is "counter" or "gauge"; ``labels`` are the default labels. Safe to call
+    from any thread (``METRIC_LOCK``); a label set's metric is created once and kept."""
 
     def __init__(self, name: str, description: str, kind: str = "counter", **labels: str):
         family = pb_utils().MetricFamily
         kinds = {"counter": family.COUNTER, "gauge": family.GAUGE}
-        self.family = family(name=name, description=description, kind=kinds[kind])
+        with METRIC_LOCK:
+            self.family = family(name=name, description=description, kind=kinds[kind])
         self.labels = labels
         self._metrics: dict[tuple, object] = {}
 
     def labeled(self, **labels: str):
         merged = {**self.labels, **labels}
         key = tuple(sorted(merged.items()))
-        if key not in self._metrics:
-            self._metrics[key] = self.family.Metric(labels=merged)
-        return self._metrics[key]
+        with METRIC_LOCK:
+            if key not in self._metrics:
+                self._metrics[key] = self.family.Metric(labels=merged)
+            return self._metrics[key]
 
     def increment(self, value: float = 1, **labels: str) -> None:
-        self.labeled(**labels).increment(value)
+        with METRIC_LOCK:
+            self.labeled(**labels).increment(value)
 
     def set(self, value: float, **labels: str) -> None:
-        self.labeled(**labels).set(value)
+        with METRIC_LOCK:
+            self.labeled(**labels).set(value)

@@ -33,7 +33,7 @@ from facefuse.runtime.sessions import (
     run_batched,
     threads_per_part,
 )
-from facefuse.serving.triton_io import TritonMetric, error_response, pb_utils
+from facefuse.serving.triton_io import TritonMetric, error_response, exit_with_parent, pb_utils
 
 ONNX_FILE = "model.onnx"
 
@@ -66,6 +66,7 @@ class OnnxTritonModel:
     SIDE_SCALE: int = 1  # 8 for latents
 
     def initialize(self, args: dict) -> None:
+        exit_with_parent()  # a metric call to a dead server blocks for ever: never outlive it
         config = json.loads(args["model_config"])
         self.name = config["name"]
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}

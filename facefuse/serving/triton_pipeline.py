@@ -23,6 +23,7 @@ from facefuse.serving.triton_io import (
     ModelUnavailable,
     TritonMetric,
     error_response,
+    exit_with_parent,
     get_scalar,
     set_bls_timeout,
 )
@@ -37,6 +38,7 @@ class PipelineTritonModel:
     BLS_TIMEOUT_S = 60.0
 
     def initialize(self, args: dict) -> None:
+        exit_with_parent()  # its threads may block on a dead server: never outlive it
         config = json.loads(args["model_config"])
         self.name = config["name"]
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}

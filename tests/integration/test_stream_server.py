@@ -116,3 +116,42 @@ def test_a_client_that_vanishes_mid_stream_frees_its_state(server, clip):
     client.close()
     # freed when the next answer cannot be delivered, or after the idle timeout at the latest
     assert wait_closed(server, timeout=60) == 0
+
+
+def test_many_streams_cancelled_at_once_leave_the_server_serving(server, clip):
+    """Streams abandoned together, each freed on its own thread, create and bump the same
+    metrics at once: once a SIGSEGV of tritonserver (Metric::LoadFromSharedMemory), now
+    serialised (triton_io.METRIC_LOCK). The server answers afterwards and every stream is
+    freed."""
+    import threading
+
+    source, frames = clip
+
+    def abandon(key: int, started: threading.Barrier) -> None:
+        answers: list = []
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.start_stream(callback=lambda result, error: answers.append(error))
+        send = lambda tensors, **flags: client.async_stream_infer(  # noqa: E731
+            "facefusion_stream", contract.infer_inputs(grpcclient, contract.FACEFUSION_STREAM,
+            tensors), sequence_id=key, **flags)  # fmt: skip
+        send(start_tensors(source), sequence_start=True)
+        for frame in frames[:6]:
+            send({contract.FRAME.name: frame})
+        deadline = time.monotonic() + 60
+        while len(answers) < 2 and time.monotonic() < deadline:  # START and a frame answered
+            time.sleep(0.05)
+        started.wait(timeout=90)
+        client.stop_stream(cancel_requests=True)  # all together, frames still in flight
+        client.close()
+
+    for round_ in range(3):
+        started = threading.Barrier(3)
+        threads = [threading.Thread(target=abandon, args=(9000 + 10 * round_ + i, started))
+                   for i in range(3)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert grpcclient.InferenceServerClient(server.grpc_url).is_server_live()
+    assert wait_closed(server, timeout=60) == 0  # every abandoned stream freed
+    assert len(list(fuse_stream(server.grpc_url, source, frames[:2]))) == 2

@@ -22,7 +22,14 @@ from facefuse.face.facemesh import session as facemesh_session
 from facefuse.face.fusion import prepare_fusion, warm_up
 from facefuse.face.imageio import decode_image
 from facefuse.face.mask import FEATHER
-from facefuse.serving.triton_io import get_bytes, get_scalar, pb_utils, respond_each, text_tensor
+from facefuse.serving.triton_io import (
+    exit_with_parent,
+    get_bytes,
+    get_scalar,
+    pb_utils,
+    respond_each,
+    text_tensor,
+)
 
 MIN_SIZE, MAX_SIZE = 64, 2048
 
@@ -42,6 +49,7 @@ def _expression(request) -> ExpressionEdit | None:
 
 class TritonPythonModel:
     def initialize(self, args):
+        exit_with_parent()
         config = json.loads(args["model_config"])
         self.name = config["name"]
         raw = config.get("parameters", {}).get("feather", {}).get("string_value", str(FEATHER))

@@ -18,11 +18,19 @@ from facefuse.core.errors import InvalidInput
 from facefuse.core.limits import check_optional_text
 from facefuse.prompt.optimizer import OVERFLOW_MODES, optimize
 from facefuse.prompt.tokenizer import embedded_tokenizer, load_tokenizer
-from facefuse.serving.triton_io import TritonMetric, get_text, json_tensor, pb_utils, respond_each
+from facefuse.serving.triton_io import (
+    TritonMetric,
+    exit_with_parent,
+    get_text,
+    json_tensor,
+    pb_utils,
+    respond_each,
+)
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        exit_with_parent()
         config = json.loads(args["model_config"])
         self.name = config["name"]
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}

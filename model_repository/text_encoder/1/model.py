@@ -20,7 +20,7 @@ from facefuse.cache.runtime import KV_MANIFEST_FILE
 from facefuse.core.contract import INPUT_IDS, TEXT_ENCODER
 from facefuse.core.errors import InvalidInput, ModelLoadError
 from facefuse.prompt.tokenizer import VOCAB_SIZE
-from facefuse.serving.triton_io import pb_utils
+from facefuse.serving.triton_io import METRIC_LOCK, pb_utils
 from facefuse.serving.triton_onnx import OnnxTritonModel
 
 log = logging.getLogger("facefuse.triton")
@@ -53,7 +53,7 @@ class TritonPythonModel(OnnxTritonModel):
         if "cache_intra_op_threads" not in params:
             threads = int(params.get("intra_op_threads", "0"))
             cache_config = dataclasses.replace(cache_config, intra_op_threads=threads)
-        sink = TritonMetricsSink(pb_utils(), {"model": self.name})
+        sink = TritonMetricsSink(pb_utils(), {"model": self.name}, lock=METRIC_LOCK)
         self.cache = CachedTextEncoder(version_dir, cache_config, sink)
         # the cache serves every row; the full graph's weights need not stay in memory (its
         # input signature, which requests are checked against, was read by the base class)

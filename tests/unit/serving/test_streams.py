@@ -173,3 +173,29 @@ def test_limits_are_validated_from_parameters():
         StreamLimits.from_parameters({"idle_timeout_s": "soon"})
     with pytest.raises(InvalidInput, match="refine_every"):
         StreamSettings(refine_every=-1)
+
+
+def test_a_model_process_exits_when_its_server_is_gone(tmp_path):
+    """exit_with_parent: a process whose parent died (reparented) ends itself, as a stub
+    whose threads block on a dead tritonserver must."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    child = ("from facefuse.serving.triton_io import exit_with_parent; import time; "
+             "exit_with_parent(0.1); time.sleep(120)")  # fmt: skip
+    parent = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {child!r}]); "
+              "print(p.pid, flush=True); import time; time.sleep(3)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(pid, 9)
+    raise AssertionError("the orphaned process did not exit")
