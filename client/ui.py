@@ -111,9 +111,9 @@ def format_info(info: dict) -> str:
     if isinstance(expression, dict):
         whose = {"target": "B's", "source": "A's"}.get(expression.get("source"), "B's")
         parts = [f"{whose} expression"]
-        for key in ("smile", "mouth_open"):
+        for key in ("smile", "mouth_open"):  # the edit on top of that expression
             if isinstance(expression.get(key), (int, float)):
-                parts.append(f"{key.replace('_', ' ')} {expression[key]:+.2f}")
+                parts.append(f"{key.replace('_', ' ')} {expression[key]:+.2f} on top")
         lines.append("- **Expression**: " + ", ".join(parts))
     faces = info.get("faces")
     if isinstance(faces, dict) and "found" in faces:

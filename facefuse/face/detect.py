@@ -10,7 +10,8 @@ most photos and the robust one only for the hard ones:
 
 :func:`find_faces` with ``small=True`` (``FACE_SELECT all``) runs HOG upsampled twice on a copy
 of at most ``SMALL_SIDE`` pixels, as ``dlib.get_frontal_face_detector()(image, 1)`` does: faces
-from about 40 px (80 px otherwise, HOG's window) in images up to that side, ~4x HOG's cost.
+from about 40 px (80 px otherwise, HOG's window) in images up to that side, ~4x HOG's cost;
+hits scoring under ``SMALL_MIN_SCORE`` are dropped (upsampling also finds badges).
 
 Invariants of a :class:`Face`: coordinates are in the input image's pixels, ``box`` is
 (x0, y0, x1, y1) with exclusive x1/y1, clipped to the image and non-empty; ``left_eye`` is
@@ -20,7 +21,6 @@ the eye on the image's left; ``landmarks`` is dlib's 5-point order or None.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import time
 from collections.abc import Sequence
@@ -36,6 +36,9 @@ from facefuse.face.landmarks import locate_eyes
 
 DETECT_SIDE = 640
 SMALL_SIDE = 960
+# upsampled HOG's hits under this score were badges and collars in our images (0.005-0.065);
+# real faces, small ones included, scored 0.18-1.4
+SMALL_MIN_SCORE = 0.1
 MMOD_SIDE = 384
 ROTATIONS = (15.0, -15.0, 30.0, -30.0)
 STAGE_NAMES = ("hog", "hog-rotated", "mmod", "haar", "haar-rotated")
@@ -146,6 +149,10 @@ def _hog(frame: _Frame, upsample: int = 0) -> list[tuple[Rect, float]]:
         ((r.left(), r.top(), r.right() + 1, r.bottom() + 1), float(s))
         for r, s in zip(rects, scores, strict=True)
     ]
+
+
+def _hog_small(frame: _Frame) -> list[tuple[Rect, float]]:
+    return [hit for hit in _hog(frame, upsample=1) if hit[1] >= SMALL_MIN_SCORE]
 
 
 def _haar(frame: _Frame) -> list[tuple[Rect, float]]:
@@ -272,7 +279,7 @@ def find_faces(
         detector = _DETECTORS[detector_name]
         if small and name == "hog":
             frames = (_scaled(rgb, SMALL_SIDE),)
-            detector = functools.partial(_hog, upsample=1)
+            detector = _hog_small
         else:
             frames = (_rotated(base, a) for a in ROTATIONS) if rotated else (base,)
         for frame in frames:

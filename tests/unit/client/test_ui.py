@@ -44,7 +44,7 @@ def test_info_reads_as_sentences():
     )
     assert "8 of 20 steps (adaptive, ddim)" in text
     assert "the int8 variant of faces" in text
-    assert "B's expression, smile +0.80, mouth open +0.25" in text
+    assert "B's expression, smile +0.80 on top, mouth open +0.25 on top" in text
     assert "2 found in B, fused: 1, 2 (all)" in text
     assert "346 ms (face analysis 40, text encoder 6, denoising 300)" in text
     assert "plain swap" in format_info({**INFO, "asked": "nothing"})

@@ -30,6 +30,7 @@ def test_every_face_is_found_largest_first(two_people):
     assert areas == sorted(areas, reverse=True)
     assert faces[0].box == find_face(two_people).box
     assert find_faces(np.full((200, 200, 3), 128, np.uint8)) == []
+    assert len(find_faces(two_people, small=True)) == 2  # no badge taken for a small face
 
 
 def test_choose_largest_all_and_reference(two_people, astronaut, grace):
