@@ -128,7 +128,10 @@ _LAST_FACES: list = []  # [(key, faces)]: "all" fuses face by face, each call fi
 
 
 def _faces_of(target_rgb: np.ndarray, stages, small: bool) -> list[Face]:
-    """:func:`find_faces`, the last image's answer reused (the calls for each face of B)."""
+    """:func:`find_faces`; with ``small`` (``all``: one call per face of B, each finding them
+    all again) the last image's answer is reused, the other selections call it once."""
+    if not small:
+        return find_faces(target_rgb, stages)
     key = (hashlib.blake2b(target_rgb.tobytes(), digest_size=16).digest(), target_rgb.shape,
            tuple(stages) if stages is not None else None, small)  # fmt: skip
     for seen, faces in list(_LAST_FACES):
